@@ -1,0 +1,46 @@
+# Tailor developer entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+TAILOR := $(BIN)/tailor
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: help setup build up down demo test lint
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+setup: $(STAMP) ## create .venv and install tailor with the dev tools (not the compressor stack)
+
+build: setup ## build the devcluster binaries from Go modules (cached in ~/.cache/tailor)
+	$(TAILOR) devcluster build
+
+up: build ## start the devcluster with its simulated GPU node pools
+	$(TAILOR) devcluster up
+
+down: setup ## stop the devcluster
+	$(TAILOR) devcluster down
+
+demo: up ## quick start: devcluster, CRD, the example CompressedModels, `kubectl get cmodel -A`
+	eval "$$($(TAILOR) devcluster env)" && \
+	kubectl apply --server-side -f crds/compressedmodel.yaml && \
+	kubectl wait --for=condition=Established --timeout=60s crd/compressedmodels.tailor.dev && \
+	kubectl apply -f examples/ && \
+	kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count && \
+	kubectl get cmodel -A -o wide
+
+lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
+	$(BIN)/ruff check .
+	$(BIN)/mypy operator compressor devcluster cli
+	$(BIN)/lint-imports
+	$(TAILOR) crd generate --check
+
+test: build lint ## lint, then every test (cluster tests start the devcluster once)
+	$(BIN)/pytest

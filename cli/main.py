@@ -1,0 +1,111 @@
+"""The `tailor` command: noun/verb subcommands; data on stdout, progress and errors on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEVCLUSTER_EXAMPLES = """examples:
+  tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
+  tailor devcluster up                       # build if needed and start; creates the GPU node pools
+  export KUBECONFIG=$(tailor devcluster kubeconfig)
+  eval "$(tailor devcluster env)"            # KUBECONFIG plus kubectl and helm on PATH
+  tailor devcluster status --json
+  tailor devcluster down --purge             # stop and delete the cluster's data
+"""
+
+CRD_EXAMPLES = """examples:
+  tailor crd generate            # rewrite crds/compressedmodel.yaml from the pydantic models
+  tailor crd generate --check    # exit 1 if the file is out of date
+  tailor crd generate --stdout | kubectl apply -f -
+"""
+
+
+def _devcluster(args: argparse.Namespace) -> int:
+    from tailor.devcluster import build, cluster, nodes
+
+    if args.verb == "build":
+        print(build.ensure_binaries())
+    elif args.verb == "up":
+        cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE)
+    elif args.verb == "down":
+        cluster.down(purge=args.purge)
+    elif args.verb == "status":
+        report = cluster.status()
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            for name, component in report["components"].items():
+                state = f"running (pid {component['pid']})" if component["running"] else "stopped"
+                print(f"{name:<24} {state}")
+            if "serverVersion" in report:
+                print(f"{'server version':<24} {report['serverVersion']}")
+                print(f"{'nodes ready':<24} {report['nodes']['ready']}/{report['nodes']['total']}")
+        return 0 if all(c["running"] for c in report["components"].values()) else 3
+    elif args.verb == "kubeconfig":
+        print(cluster.Layout(cluster.state_dir()).kubeconfig)
+    elif args.verb == "env":
+        print(f"export KUBECONFIG={cluster.Layout(cluster.state_dir()).kubeconfig}")
+        print(f'export PATH={build.ensure_binaries()}:"$PATH"')
+    return 0
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from tailor.operator import crd
+
+    if args.stdout:
+        sys.stdout.write(crd.render_crd())
+        return 0
+    if args.check:
+        if not crd.CRD_FILE.exists() or crd.CRD_FILE.read_text() != crd.render_crd():
+            print(f"{crd.CRD_FILE} is out of date: run `tailor crd generate`", file=sys.stderr)
+            return 1
+        return 0
+    crd.write_crd()
+    print(f"wrote {crd.CRD_FILE}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailor", description="Compress, quantize and serve LLMs on Kubernetes.")
+    nouns = parser.add_subparsers(dest="noun", required=True)
+
+    devcluster = nouns.add_parser(
+        "devcluster", help="a real local control plane with simulated GPU node pools",
+        epilog=DEVCLUSTER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = devcluster.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("build", help="build the binaries from Go modules unless cached; print their folder")
+    up = verbs.add_parser("up", help="build if needed, start etcd, apiserver, controllers, scheduler, kwok")
+    up.add_argument("--pools", type=Path, help="node pools YAML (default: devcluster/nodepools.yaml)")
+    down = verbs.add_parser("down", help="stop everything `up` started")
+    down.add_argument("--purge", action="store_true", help="also delete the cluster's data and certificates")
+    status = verbs.add_parser("status", help="which components run; server version and node readiness")
+    status.add_argument("--json", action="store_true", help="print a JSON report")
+    verbs.add_parser("kubeconfig", help="print the path of the admin kubeconfig")
+    verbs.add_parser("env", help="print shell exports for KUBECONFIG and the kubectl/helm binaries")
+    devcluster.set_defaults(run=_devcluster)
+
+    crd = nouns.add_parser("crd", help="the CompressedModel CustomResourceDefinition", epilog=CRD_EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    crd_verbs = crd.add_subparsers(dest="verb", required=True)
+    generate = crd_verbs.add_parser("generate", help="write crds/compressedmodel.yaml from the pydantic models")
+    mode = generate.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from the models")
+    mode.add_argument("--stdout", action="store_true", help="print instead of writing")
+    crd.set_defaults(run=_crd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (RuntimeError, ValueError) as error:
+        print(f"tailor: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Build the control-plane binaries from Go modules into a cache keyed by the pinned versions.
+
+No prebuilt Kubernetes binaries are reachable from our machines, but the Go module proxy is:
+kube-apiserver, kube-controller-manager, kube-scheduler and kubectl build from `k8s.io/kubernetes`
+through the wrapper module in `kube/`, etcd is embedded from `go.etcd.io/etcd/server/v3` in the same
+module graph, and kwok and helm install from their own modules. A build lands in
+`<cache>/bin-<key>/`, where the key hashes everything that pins a version, so a change of pin
+rebuilds and an unchanged one starts at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tailor.devcluster.log import log
+
+KUBE_MODULE = Path(__file__).parent / "kube"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.21.4"
+
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = ("etcd", *KUBE_COMMANDS, "kwok", "helm")
+
+
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes release the wrapper module pins (its go.mod is the single source)."""
+    match = re.search(r"^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)\s*$", (KUBE_MODULE / "go.mod").read_text(), re.M)
+    if match is None:
+        raise RuntimeError(f"{KUBE_MODULE / 'go.mod'}: no `k8s.io/kubernetes vX.Y.Z` requirement")
+    return match.group(1)
+
+
+def cache_root() -> Path:
+    """Where built binaries live: $TAILOR_CACHE_DIR, else ~/.cache/tailor (outside any clone)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tailor"
+    return Path(os.environ.get("TAILOR_CACHE_DIR", default))
+
+
+def _go_version() -> str:
+    return subprocess.run(["go", "env", "GOVERSION"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def build_key() -> str:
+    """Hash of every input that pins what gets built."""
+    digest = hashlib.sha256()
+    for path in sorted([KUBE_MODULE / "go.mod", KUBE_MODULE / "go.sum", *KUBE_MODULE.glob("cmd/*/*.go")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(f"{KWOK_VERSION} {HELM_VERSION} {_go_version()}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _version_ldflags(version: str) -> str:
+    """Stamp the true release into the binaries (else they report v0.0.0 and kubeVersion checks break)."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
+
+
+def _run_go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> None:
+    started = time.monotonic()
+    log(f"building {what} ...")
+    result = subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"go {' '.join(args[:2])} for {what} failed:\n{result.stderr[-4000:]}")
+    log(f"built {what} in {time.monotonic() - started:.0f}s")
+
+
+def ensure_binaries() -> Path:
+    """Return the folder holding every devcluster binary, building it first if the pins changed."""
+    if shutil.which("go") is None:
+        raise RuntimeError("`go` is not on PATH: the devcluster builds Kubernetes from Go modules")
+    target = cache_root() / f"bin-{build_key()}"
+    if all((target / name).is_file() for name in BINARIES):
+        return target
+
+    version = kubernetes_version()
+    staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOBIN": str(staging)}
+    started = time.monotonic()
+    log(f"building the devcluster binaries (Kubernetes {version}, kwok {KWOK_VERSION}, helm {HELM_VERSION}); "
+        "a cold build takes tens of minutes on 2 cores, later starts reuse it")
+    packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + ["./cmd/etcd"]
+    _run_go(["build", "-o", f"{staging}/", "-ldflags", _version_ldflags(version), *packages],
+            cwd=KUBE_MODULE, env=env, what="etcd, " + ", ".join(KUBE_COMMANDS))
+    _run_go(["install", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+            cwd=staging, env=env, what=f"kwok {KWOK_VERSION}")
+    _run_go(["install", "-ldflags", f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+             f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], cwd=staging, env=env, what=f"helm {HELM_VERSION}")
+
+    missing = [name for name in BINARIES if not (staging / name).is_file()]
+    if missing:
+        raise RuntimeError(f"build finished without {', '.join(missing)} in {staging}")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    log(f"devcluster binaries ready in {target} after {time.monotonic() - started:.0f}s")
+    return target

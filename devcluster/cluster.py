@@ -1,0 +1,310 @@
+"""Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler and kwok.
+
+Each component runs as its own process in its own session, with its pid and log under the state
+folder, so `down` (or a later session) finds and stops exactly what `up` started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tailor.devcluster.build import ensure_binaries
+from tailor.devcluster.log import log
+from tailor.devcluster.nodes import DEFAULT_POOLS_FILE, KWOK_ANNOTATION, load_pools, node_manifests
+from tailor.devcluster.pki import CLIENTS, Pki, ensure_pki
+
+KWOK_STAGES_FILE = Path(__file__).parent / "kwok-stages.yaml"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports, away from the usual ones so a real local cluster can run beside it."""
+
+    etcd_client: int = 23790
+    etcd_peer: int = 23800
+    apiserver: int = 16443
+    kwok: int = 10347
+
+
+def state_dir() -> Path:
+    """$TAILOR_DEVCLUSTER_DIR, else ~/.local/state/tailor/devcluster."""
+    default = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tailor" / "devcluster"
+    return Path(os.environ.get("TAILOR_DEVCLUSTER_DIR", default))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path the devcluster reads or writes."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig handed to users and tests."""
+        return self.root / "kubeconfig"
+
+    def component_kubeconfig(self, stem: str) -> Path:
+        return self.root / f"{stem}.kubeconfig"
+
+    def pid_file(self, component: str) -> Path:
+        return self.run / f"{component}.pid"
+
+    def log_file(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+
+# Start order; `down` stops in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: Ports) -> list[str]:
+    binary = str(bin_dir / name)
+    if name == "etcd":
+        return [binary, f"--data-dir={layout.etcd_data}",
+                f"--listen-client-url=http://127.0.0.1:{ports.etcd_client}",
+                f"--listen-peer-url=http://127.0.0.1:{ports.etcd_peer}"]
+    if name == "kube-apiserver":
+        return [binary,
+                f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports.apiserver}",
+                f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=Node,RBAC",
+                # The defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, DefaultStorageClass,
+                # ResourceQuota, validating/mutating webhooks and policies, ...) plus what kubeadm adds.
+                "--enable-admission-plugins=NodeRestriction",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # The only address is loopback, which may not back the `kubernetes` Service's endpoints.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true", "--profiling=false"]
+    if name == "kube-controller-manager":
+        return [binary, f"--kubeconfig={layout.component_kubeconfig('controller-manager')}",
+                "--leader-elect=false", "--secure-port=0", "--controllers=*",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
+                f"--cluster-cidr={POD_CIDR}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--cluster-name=tailor-devcluster", "--profiling=false"]
+    if name == "kube-scheduler":
+        return [binary, f"--kubeconfig={layout.component_kubeconfig('scheduler')}",
+                "--leader-elect=false", "--secure-port=0", "--profiling=false"]
+    if name == "kwok":
+        return [binary, f"--kubeconfig={layout.component_kubeconfig('kwok')}", f"--config={KWOK_STAGES_FILE}",
+                "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{ports.kwok}"]
+    raise ValueError(f"unknown component {name!r}")
+
+
+def _write_kubeconfig(path: Path, server: str, pki: Pki, stem: str, user: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "tailor-devcluster",
+                      "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}],
+        "users": [{"name": user, "user": {"client-certificate": str(pki.client_cert(stem)),
+                                          "client-key": str(pki.client_key(stem))}}],
+        "contexts": [{"name": "tailor-devcluster", "context": {"cluster": "tailor-devcluster", "user": user}}],
+        "current-context": "tailor-devcluster",
+    }
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(yaml.safe_dump(config, sort_keys=False))
+    temporary.replace(path)
+
+
+def _pid_alive(pid: int, binary_name: str) -> bool:
+    """True when `pid` runs and is still the binary we started (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return Path(cmdline.decode(errors="replace")).name == binary_name
+
+
+def running_pid(layout: Layout, component: str) -> int | None:
+    try:
+        pid = int(layout.pid_file(component).read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid, component) else None
+
+
+def _log_tail(layout: Layout, component: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(layout.log_file(component).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _start(component: str, argv: list[str], layout: Layout) -> int:
+    with layout.log_file(component).open("ab") as log_handle:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    layout.pid_file(component).write_text(str(process.pid))
+    return process.pid
+
+
+def _wait_until(what: str, check: Callable[[], bool], layout: Layout, component: str,
+                timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if running_pid(layout, component) is None:
+            raise RuntimeError(f"{component} exited while waiting for {what}; the end of "
+                               f"{layout.log_file(component)}:\n{_log_tail(layout, component)}")
+        if check():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}; the end of "
+                       f"{layout.log_file(component)}:\n{_log_tail(layout, component)}")
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _admin_tls(pki: Pki) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca_cert))
+    context.load_cert_chain(str(pki.client_cert("admin")), str(pki.client_key("admin")))
+    return context
+
+
+def _kubectl(bin_dir: Path, layout: Layout, *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run([str(bin_dir / "kubectl"), f"--kubeconfig={layout.kubeconfig}", *args],
+                            input=stdin, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports()) -> Layout:
+    """Bring the devcluster up (idempotent: components already running are kept)."""
+    layout = Layout(state_dir())
+    pools = load_pools(pools_file)
+    bin_dir = ensure_binaries()
+    for folder in (layout.root, layout.run, layout.logs, layout.etcd_data):
+        folder.mkdir(parents=True, exist_ok=True)
+    pki = ensure_pki(layout.pki)
+    server = f"https://127.0.0.1:{ports.apiserver}"
+    _write_kubeconfig(layout.kubeconfig, server, pki, "admin", "kubernetes-admin")
+    for client in CLIENTS:
+        if client.file_stem != "admin":
+            _write_kubeconfig(layout.component_kubeconfig(client.file_stem), server, pki, client.file_stem,
+                              client.user)
+
+    tls = _admin_tls(pki)
+    readiness: dict[str, tuple[str, Callable[[], bool]]] = {
+        "etcd": ("etcd health", lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health")),
+        "kube-apiserver": ("the API server's /readyz", lambda: _http_ok(f"{server}/readyz", tls)),
+    }
+    for component in COMPONENTS:
+        if running_pid(layout, component) is not None:
+            log(f"{component} already running")
+            continue
+        pid = _start(component, _component_argv(component, bin_dir, layout, pki, ports), layout)
+        log(f"started {component} (pid {pid}, log {layout.log_file(component)})")
+        if component in readiness:
+            what, check = readiness[component]
+            _wait_until(what, check, layout, component)
+            log(f"{component} ready")
+
+    nodes = node_manifests(pools)
+    _kubectl(bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
+             stdin=yaml.safe_dump_all(nodes))
+    log(f"applied {len(nodes)} nodes from {pools_file}; waiting for kwok to make them Ready")
+    _kubectl(bin_dir, layout, "wait", "--for=condition=Ready", "--timeout=120s",
+             *[f"node/{node['metadata']['name']}" for node in nodes])
+    _wait_until("the default ServiceAccount", lambda: _has_default_service_account(bin_dir, layout),
+                layout, "kube-controller-manager")
+    log(f"devcluster up: export KUBECONFIG={layout.kubeconfig}")
+    return layout
+
+
+def _has_default_service_account(bin_dir: Path, layout: Layout) -> bool:
+    try:
+        _kubectl(bin_dir, layout, "get", "serviceaccount", "default", "--namespace=default")
+    except RuntimeError:
+        return False
+    return True
+
+
+def down(purge: bool = False) -> None:
+    """Stop every component `up` started, newest first; `purge` also deletes the cluster's data."""
+    layout = Layout(state_dir())
+    for component in reversed(COMPONENTS):
+        pid = running_pid(layout, component)
+        if pid is None:
+            layout.pid_file(component).unlink(missing_ok=True)
+            continue
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while running_pid(layout, component) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if running_pid(layout, component) is not None:
+            os.killpg(pid, signal.SIGKILL)
+            log(f"{component} did not stop within 20s: killed")
+        layout.pid_file(component).unlink(missing_ok=True)
+        log(f"stopped {component}")
+    if purge:
+        shutil.rmtree(layout.root, ignore_errors=True)
+        log(f"deleted {layout.root}")
+
+
+def status() -> dict[str, Any]:
+    """Which components run, and what the API server says about itself and its nodes."""
+    layout = Layout(state_dir())
+    report: dict[str, Any] = {
+        "stateDir": str(layout.root),
+        "kubeconfig": str(layout.kubeconfig),
+        "components": {name: {"running": (pid := running_pid(layout, name)) is not None, "pid": pid}
+                       for name in COMPONENTS},
+    }
+    if report["components"]["kube-apiserver"]["running"]:
+        bin_dir = ensure_binaries()
+        version = yaml.safe_load(_kubectl(bin_dir, layout, "version", "-o", "yaml"))
+        report["serverVersion"] = version.get("serverVersion", {}).get("gitVersion")
+        nodes = yaml.safe_load(_kubectl(bin_dir, layout, "get", "nodes", "-o", "yaml"))["items"]
+        report["nodes"] = {
+            "total": len(nodes),
+            "ready": sum(1 for node in nodes for c in node["status"].get("conditions", [])
+                         if c["type"] == "Ready" and c["status"] == "True"),
+        }
+    return report

@@ -1,0 +1,89 @@
+"""Simulated GPU node pools: a typed YAML file turned into Node objects that kwok keeps alive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_POOLS_FILE = Path(__file__).parent / "nodepools.yaml"
+POOL_LABEL = "tailor.dev/node-pool"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+MAX_PODS = "110"
+
+
+class Gpu(BaseModel):
+    """The GPUs of every node in a pool, as GPU Feature Discovery labels them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    product: str = Field(description="nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3")
+    count: int = Field(gt=0, description="GPUs per node")
+    memory_mib: int = Field(alias="memoryMiB", gt=0, description="memory of one GPU in MiB")
+    family: str = Field(description="nvidia.com/gpu.family, e.g. hopper")
+
+
+class NodePool(BaseModel):
+    """`count` identical nodes named `<name>-<i>`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    count: int = Field(gt=0)
+    cpu: str
+    memory: str
+    gpu: Gpu | None = None
+
+
+class NodePools(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pools: list[NodePool] = Field(min_length=1)
+
+
+def load_pools(path: Path = DEFAULT_POOLS_FILE) -> NodePools:
+    """Read and validate a node-pools file; errors name the file and the field."""
+    try:
+        return NodePools.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as error:
+        raise ValueError(f"{path}: invalid node pools:\n{error}") from error
+
+
+def node_manifests(pools: NodePools) -> list[dict[str, Any]]:
+    """Node objects for every pool; kwok manages them through the annotation."""
+    nodes = []
+    for pool in pools.pools:
+        for index in range(pool.count):
+            name = f"{pool.name}-{index}"
+            labels = {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                POOL_LABEL: pool.name,
+            }
+            capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": MAX_PODS}
+            taints = []
+            if pool.gpu is not None:
+                labels |= {
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": pool.gpu.product,
+                    "nvidia.com/gpu.count": str(pool.gpu.count),
+                    "nvidia.com/gpu.memory": str(pool.gpu.memory_mib),
+                    "nvidia.com/gpu.family": pool.gpu.family,
+                }
+                capacity[GPU_RESOURCE] = str(pool.gpu.count)
+                taints.append(GPU_TAINT)
+            nodes.append({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},
+                "spec": {"taints": taints},
+                # Nodes may set status on create; kwok's stages keep capacity and allocatable as given.
+                "status": {"capacity": capacity, "allocatable": capacity},
+            })
+    return nodes

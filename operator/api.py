@@ -1,0 +1,415 @@
+"""The CompressedModel API (tailor.dev/v1alpha1): spec and status as pydantic models.
+
+These models are the single source of the CRD: `tailor.operator.crd` turns them into the structural
+schema in `crds/compressedmodel.yaml`, CEL rules included. Every cross-field rule is written twice on
+purpose, once as CEL for the API server and once as a validator here, and `tests/cluster/test_api_agreement.py`
+checks that both reach the same verdict on a corpus of valid and invalid objects.
+"""
+
+from __future__ import annotations
+
+import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "tailor.dev"
+VERSION = "v1alpha1"
+KIND = "CompressedModel"
+PLURAL = "compressedmodels"
+SINGULAR = "compressedmodel"
+SHORT_NAMES = ("cmodel",)
+
+QUANTITY_PATTERN = r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_CONTEXT_LENGTH = 16 * 1024 * 1024
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One x-kubernetes-validations entry; `field_path` points the error at the offending field."""
+    entry = {"rule": rule, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class ApiModel(BaseModel):
+    """Base for everything users write: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class GpuProfile(StrEnum):
+    """GPU profiles a model can be compressed for."""
+
+    H100_80GB = "H100-80GB"
+    H200_141GB = "H200-141GB"
+    B200_180GB = "B200-180GB"
+    A100_40GB = "A100-40GB"
+    A100_80GB = "A100-80GB"
+    L40S_48GB = "L40S-48GB"
+
+
+BLACKWELL_PROFILES = (GpuProfile.B200_180GB,)
+NO_FP8_PROFILES = (GpuProfile.A100_40GB, GpuProfile.A100_80GB)
+
+
+def _cel_list(profiles: tuple[GpuProfile, ...]) -> str:
+    return "[" + ", ".join(f"'{p.value}'" for p in profiles) + "]"
+
+
+# --- spec -------------------------------------------------------------------------------------------
+
+
+class SecretReference(ApiModel):
+    """A Secret in the CompressedModel's namespace."""
+
+    name: DnsLabel = Field(description="Name of the Secret.")
+
+
+CREDENTIALS_ONLY_REMOTE = cel(
+    "!has(self.credentialsSecret) || !self.uri.startsWith('pvc://')",
+    "credentialsSecret applies to hf:// and s3:// sources only; a pvc:// source is read from the claim",
+    ".credentialsSecret",
+)
+SOURCE_IMMUTABLE = cel("self == oldSelf", "source is immutable; create a new CompressedModel for another model")
+
+
+class SourceSpec(ApiModel):
+    """The parent model to compress. Immutable once created."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(CREDENTIALS_ONLY_REMOTE, SOURCE_IMMUTABLE))
+
+    uri: str = Field(
+        pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*)$",
+        max_length=1024,
+        description="Where the parent checkpoint is: hf://<org>/<name>, s3://<bucket>/<prefix> or "
+        "pvc://<claim>/<path> (a PersistentVolumeClaim in this namespace).",
+    )
+    revision: str = Field(default="main", min_length=1, max_length=128,
+                          description="Revision (branch, tag or commit) of an hf:// source.")
+    credentials_secret: SecretReference | None = Field(
+        default=None, description="Secret with HF_TOKEN or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+
+    @model_validator(mode="after")
+    def _credentials_only_remote(self) -> SourceSpec:
+        if self.credentials_secret is not None and self.uri.startswith("pvc://"):
+            raise ValueError(CREDENTIALS_ONLY_REMOTE["message"])
+        return self
+
+
+class DistillationSpec(ApiModel):
+    """Token budgets for the two distillation phases of Puzzle."""
+
+    blockwise_tokens: int = Field(default=500_000_000, ge=1, le=10**12,
+                                  description="Tokens for blockwise local distillation (BLD) of every variant.")
+    global_tokens: int = Field(default=4_000_000_000, ge=1, le=10**13,
+                               description="Tokens for global knowledge distillation (GKD) of each round's child.")
+
+
+ACTIVE_WITHIN_TOTAL = cel(
+    "!has(self.maxActiveParamsBillions) || !has(self.maxTotalParamsBillions)"
+    " || self.maxActiveParamsBillions <= self.maxTotalParamsBillions",
+    "maxActiveParamsBillions must not exceed maxTotalParamsBillions",
+    ".maxActiveParamsBillions",
+)
+TARGET_FIELDS = ("memoryBudgetPerGPU", "throughputFactor", "latencyFactor", "maxTotalParamsBillions",
+                 "maxActiveParamsBillions")
+SOME_TARGET = cel(
+    " || ".join(f"has(self.{name})" for name in TARGET_FIELDS),
+    "set at least one target: " + ", ".join(TARGET_FIELDS),
+)
+
+
+class CompressionSpec(ApiModel):
+    """What the child must fit: Puzzle's hardware constraints, search rounds and quality floor."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(ACTIVE_WITHIN_TOTAL, SOME_TARGET))
+
+    target_gpu: GpuProfile = Field(alias="targetGPU", description="GPU profile the child is searched for.")
+    memory_budget_per_gpu: Quantity | None = Field(
+        default=None, alias="memoryBudgetPerGPU",
+        description="Memory the model may use on one GPU (weights, KV cache and state), e.g. 78Gi.")
+    throughput_factor: float | None = Field(
+        default=None, ge=1, le=100, description="Throughput wanted relative to the parent, e.g. 2.0 for 2x.")
+    latency_factor: float | None = Field(
+        default=None, gt=0, le=1, description="Per-token latency wanted relative to the parent, e.g. 0.5.")
+    max_total_params_billions: float | None = Field(
+        default=None, gt=0, le=10_000, description="Cap on the child's total parameters, in billions.")
+    max_active_params_billions: float | None = Field(
+        default=None, gt=0, le=10_000, description="Cap on the child's parameters active per token, in billions.")
+    context_length: int = Field(
+        default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
+        description="Sequence length the constraints are computed at (KV cache and state per request).")
+    rounds: int = Field(default=3, ge=1, le=10, description="Rounds of Iterative Puzzle (1 is one-shot Puzzle).")
+    distillation: DistillationSpec = Field(default_factory=DistillationSpec, json_schema_extra={"default": {}})
+    min_quality_retention: float = Field(
+        default=0.97, gt=0, le=1,
+        description="Share of the parent's quality the child must keep to pass the quality gate.")
+
+    @model_validator(mode="after")
+    def _consistent_targets(self) -> CompressionSpec:
+        active, total = self.max_active_params_billions, self.max_total_params_billions
+        if active is not None and total is not None and active > total:
+            raise ValueError(ACTIVE_WITHIN_TOTAL["message"])
+        if all(getattr(self, name) is None for name in ("memory_budget_per_gpu", "throughput_factor",
+                                                          "latency_factor", "max_total_params_billions",
+                                                          "max_active_params_billions")):
+            raise ValueError(SOME_TARGET["message"])
+        return self
+
+
+Precision = Literal["auto", "nvfp4", "fp8", "none"]
+KvCacheDtype = Literal["auto", "fp8", "bf16", "fp16"]
+
+
+class QuantizationSpec(ApiModel):
+    """Post-compression quantization with nvidia-modelopt."""
+
+    precision: Precision = Field(
+        default="auto", description="Weight precision: auto picks nvfp4 on Blackwell, fp8 on Hopper and Ada, "
+        "none elsewhere.")
+    kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV-cache dtype; auto follows precision.")
+    calibration_samples: int = Field(default=512, ge=1, le=65536,
+                                     description="Calibration sequences for activation scales.")
+
+
+class Concurrency(ApiModel):
+    """Concurrent requests wanted: per node of the pool, or in total across it. Exactly one."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(
+        cel("has(self.perNode) != has(self.total)", "set exactly one of perNode or total")))
+
+    per_node: int | None = Field(default=None, ge=1, le=4096, description="Concurrent requests per node.")
+    total: int | None = Field(default=None, ge=1, le=1_000_000, description="Concurrent requests over the pool.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Concurrency:
+        if (self.per_node is None) == (self.total is None):
+            raise ValueError("set exactly one of perNode or total")
+        return self
+
+
+class NodePoolTarget(ApiModel):
+    """A group of GPU nodes to serve on."""
+
+    name: DnsLabel = Field(description="Name of the pool; names the Deployment serving on it.")
+    node_selector: dict[str, str] = Field(
+        min_length=1, max_length=16,
+        description="Labels that select the pool's nodes, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.")
+    concurrency: Concurrency = Field(description="Concurrent requests the pool must hold.")
+
+
+MIN_WITHIN_MAX = cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas",
+                     ".minReplicas")
+
+
+class Autoscaling(ApiModel):
+    """Horizontal scaling on Triton's queue metrics."""
+
+    metric: Literal["queueTimeMicroseconds", "pendingRequests"] = Field(
+        default="queueTimeMicroseconds",
+        description="Average time a request waits in Triton's queue, or requests waiting per replica.")
+    target: float = Field(default=50_000, gt=0, description="Average value per replica that triggers scaling.")
+
+
+class DeploymentSpec(ApiModel):
+    """How the child is served with Triton Inference Server."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(MIN_WITHIN_MAX))
+
+    pools: list[NodePoolTarget] = Field(
+        min_length=1, max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Node pools to serve on; each gets its own Deployment sized to its GPUs.")
+    context_length: int = Field(default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
+                                description="Context length each request may use (prompt and output).")
+    triton_image: str = Field(default="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3", min_length=1,
+                              max_length=512, description="Triton Inference Server image.")
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool.")
+    max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeploymentSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(MIN_WITHIN_MAX["message"])
+        names = [pool.name for pool in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique, got {names}")
+        return self
+
+
+CLAIM_OR_CLASS = cel("!(has(self.existingClaim) && (has(self.storageClassName) || has(self.size)))",
+                     "existingClaim excludes storageClassName and size", ".existingClaim")
+
+
+class StorageSpec(ApiModel):
+    """Where checkpoints and artifacts of every stage are kept."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(CLAIM_OR_CLASS))
+
+    existing_claim: DnsLabel | None = Field(default=None, description="Use this PersistentVolumeClaim as is.")
+    storage_class_name: DnsLabel | None = Field(default=None,
+                                                description="Storage class of the claim Tailor creates.")
+    size: Quantity | None = Field(default=None, description="Size of the claim Tailor creates (default 1Ti).")
+
+    @model_validator(mode="after")
+    def _claim_or_class(self) -> StorageSpec:
+        if self.existing_claim is not None and (self.storage_class_name is not None or self.size is not None):
+            raise ValueError(CLAIM_OR_CLASS["message"])
+        return self
+
+
+NVFP4_NEEDS_BLACKWELL = cel(
+    f"self.quantization.precision != 'nvfp4' || self.compression.targetGPU in {_cel_list(BLACKWELL_PROFILES)}",
+    "precision nvfp4 needs a Blackwell targetGPU (" + ", ".join(BLACKWELL_PROFILES) + "); use fp8 or auto",
+    ".quantization.precision",
+)
+FP8_NEEDS_SUPPORT = cel(
+    f"!(self.compression.targetGPU in {_cel_list(NO_FP8_PROFILES)})"
+    " || (self.quantization.precision != 'fp8' && self.quantization.kvCacheDtype != 'fp8')",
+    "fp8 weights or KV cache need a Hopper, Ada or Blackwell targetGPU; Ampere has no FP8",
+    ".quantization",
+)
+CONTEXT_WITHIN_COMPRESSION = cel(
+    "!has(self.deployment) || self.deployment.contextLength <= self.compression.contextLength",
+    "deployment.contextLength must not exceed compression.contextLength, the length the child was sized for",
+    ".deployment.contextLength",
+)
+
+
+class CompressedModelSpec(ApiModel):
+    """A model to compress and quantize for a GPU target, then serve on node pools."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(NVFP4_NEEDS_BLACKWELL, FP8_NEEDS_SUPPORT,
+                                                          CONTEXT_WITHIN_COMPRESSION))
+
+    source: SourceSpec
+    compression: CompressionSpec
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec, json_schema_extra={"default": {}})
+    deployment: DeploymentSpec | None = Field(default=None, description="Omit to compress without serving.")
+    storage: StorageSpec = Field(default_factory=StorageSpec, json_schema_extra={"default": {}})
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> CompressedModelSpec:
+        gpu, quant = self.compression.target_gpu, self.quantization
+        if quant.precision == "nvfp4" and gpu not in BLACKWELL_PROFILES:
+            raise ValueError(NVFP4_NEEDS_BLACKWELL["message"])
+        if gpu in NO_FP8_PROFILES and "fp8" in (quant.precision, quant.kv_cache_dtype):
+            raise ValueError(FP8_NEEDS_SUPPORT["message"])
+        if self.deployment is not None and self.deployment.context_length > self.compression.context_length:
+            raise ValueError(CONTEXT_WITHIN_COMPRESSION["message"])
+        return self
+
+
+# --- status -----------------------------------------------------------------------------------------
+
+
+Phase = Literal["Pending", "Compressing", "Quantizing", "Evaluating", "Deploying", "Ready", "Failed"]
+StageName = Literal["Compress", "Quantize", "Evaluate", "Deploy"]
+StageState = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class Condition(ApiModel):
+    """A Kubernetes condition (metav1.Condition)."""
+
+    type: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", min_length=1, max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime.datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class StageProgress(ApiModel):
+    """Progress of one pipeline stage."""
+
+    name: StageName
+    state: StageState = "Pending"
+    progress: float | None = Field(default=None, ge=0, le=1, description="Share of the stage done, 0 to 1.")
+    job_name: str | None = Field(default=None, description="The Job running the stage.")
+    started_at: datetime.datetime | None = None
+    completed_at: datetime.datetime | None = None
+    message: str | None = None
+
+
+class ArchitectureSummary(ApiModel):
+    """The child the search chose."""
+
+    total_params_billions: float | None = Field(default=None, ge=0)
+    active_params_billions: float | None = Field(default=None, ge=0)
+    precision: str | None = None
+    blocks: int | None = Field(default=None, ge=0)
+    summary: str | None = Field(default=None, description="One line per kind of block change.")
+
+
+class QualityReport(ApiModel):
+    """Parent and child on the same evaluation."""
+
+    metric: str | None = None
+    parent_score: float | None = None
+    child_score: float | None = None
+    retention: float | None = Field(default=None, ge=0, description="child / parent, compared with the floor.")
+    passed: bool | None = None
+
+
+class PoolStatus(ApiModel):
+    """Sizing and readiness of one node pool's deployment."""
+
+    name: str
+    gpu_product: str | None = None
+    gpus_per_replica: int | None = Field(default=None, ge=0)
+    concurrency_per_gpu: int | None = Field(default=None, ge=0)
+    concurrency_per_replica: int | None = Field(default=None, ge=0)
+    replicas: int | None = Field(default=None, ge=0)
+    ready_replicas: int | None = Field(default=None, ge=0)
+
+
+class Endpoint(ApiModel):
+    """Where a pool's Triton serves."""
+
+    pool: str
+    url: str
+    protocol: Literal["http", "grpc"]
+
+
+class CompressedModelStatus(ApiModel):
+    """What is true now, written by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Summary of the conditions, for printer columns.")
+    observed_generation: int | None = Field(default=None, ge=0)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    stages: list[StageProgress] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    architecture: ArchitectureSummary | None = None
+    quality: QualityReport | None = None
+    pools: list[PoolStatus] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    ready_replicas: int | None = Field(default=None, ge=0)
+    endpoints: list[Endpoint] = Field(default_factory=list)
+
+
+class CompressedModel(ApiModel):
+    """The whole object as the API server stores it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["tailor.dev/v1alpha1"]
+    kind: Literal["CompressedModel"]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: CompressedModelSpec
+    status: CompressedModelStatus | None = None

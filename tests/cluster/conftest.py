@@ -1,0 +1,71 @@
+"""Cluster tests run against the devcluster: a real kube-apiserver, controllers, scheduler and kwok.
+
+The devcluster starts once per test session (its binaries are built by `tailor devcluster build`
+beforehand, which `make test` and .ci/run do); a devcluster that was already up is reused and left up.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from tailor.devcluster import build, cluster
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Iterator[cluster.Layout]:
+    layout = cluster.Layout(cluster.state_dir())
+    was_running = cluster.running_pid(layout, "kube-apiserver") is not None
+    cluster.up()
+    yield layout
+    if not was_running:
+        cluster.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def api(devcluster: cluster.Layout) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(devcluster.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def kubectl(devcluster: cluster.Layout) -> Callable[..., subprocess.CompletedProcess[str]]:
+    binary = build.ensure_binaries() / "kubectl"
+
+    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(binary), f"--kubeconfig={devcluster.kubeconfig}", *args], input=stdin,
+                              capture_output=True, text=True, check=check, timeout=120)
+
+    return run
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60, interval_s: float = 0.5) -> Any:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+REPO = Path(__file__).resolve().parents[2]

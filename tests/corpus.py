@@ -1,0 +1,129 @@
+"""Valid and invalid CompressedModel objects, shared by the pydantic tests and the API-server tests.
+
+Each invalid case names the field path the API server's message must contain.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
+
+BASE: dict[str, Any] = {
+    "apiVersion": "tailor.dev/v1alpha1",
+    "kind": "CompressedModel",
+    "metadata": {"name": "corpus"},
+    "spec": {
+        "source": {"uri": "hf://nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"},
+        "compression": {"targetGPU": "H100-80GB", "memoryBudgetPerGPU": "78Gi", "contextLength": 1048576},
+        "deployment": {
+            "pools": [{"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                       "concurrency": {"perNode": 8}}],
+            "contextLength": 1048576,
+        },
+    },
+}
+
+DELETE = object()
+
+
+def patched(patch: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Deep-merge `patch` into a copy of BASE; a DELETE value removes the key."""
+    result = copy.deepcopy(BASE if base is None else base)
+
+    def merge(target: dict[str, Any], change: dict[str, Any]) -> None:
+        for key, value in change.items():
+            if value is DELETE:
+                target.pop(key, None)
+            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                merge(target[key], value)
+            else:
+                target[key] = copy.deepcopy(value)
+
+    merge(result, patch)
+    return result
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    patch: dict[str, Any]
+    field: str = ""  # for invalid cases: the path the server's message names
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return patched(self.patch)
+
+
+def _spec(**parts: Any) -> dict[str, Any]:
+    return {"spec": parts}
+
+
+POOL = BASE["spec"]["deployment"]["pools"][0]
+
+VALID = [
+    Case("base", {}),
+    Case("minimal-no-deployment", _spec(deployment=DELETE)),
+    Case("pvc-source", _spec(source={"uri": "pvc://models/nemotron-super"})),
+    Case("throughput-only", _spec(compression={"memoryBudgetPerGPU": DELETE, "throughputFactor": 2})),
+    Case("param-caps", _spec(compression={"maxTotalParamsBillions": 75.3, "maxActiveParamsBillions": 9.3})),
+    Case("nvfp4-on-blackwell", _spec(compression={"targetGPU": "B200-180GB"}, quantization={"precision": "nvfp4"})),
+    Case("a100-bf16", _spec(compression={"targetGPU": "A100-80GB"}, quantization={"precision": "none",
+                                                                                   "kvCacheDtype": "bf16"})),
+    Case("total-concurrency", _spec(deployment={"pools": [{**POOL, "concurrency": {"total": 100}}]})),
+    Case("existing-claim", _spec(storage={"existingClaim": "artifacts"})),
+    Case("retention-one", _spec(compression={"minQualityRetention": 1})),
+]
+
+INVALID = [
+    Case("missing-source", _spec(source=DELETE), "spec.source"),
+    Case("missing-compression", _spec(compression=DELETE), "spec.compression"),
+    Case("source-uri-scheme", _spec(source={"uri": "ftp://example.com/model"}), "spec.source.uri"),
+    Case("credentials-with-pvc", _spec(source={"uri": "pvc://models/x", "credentialsSecret": {"name": "t"}}),
+         "spec.source.credentialsSecret"),
+    Case("unknown-gpu", _spec(compression={"targetGPU": "H300-1TB"}), "spec.compression.targetGPU"),
+    Case("negative-memory-budget", _spec(compression={"memoryBudgetPerGPU": "-10Gi"}),
+         "spec.compression.memoryBudgetPerGPU"),
+    Case("zero-memory-budget", _spec(compression={"memoryBudgetPerGPU": "0"}), "spec.compression.memoryBudgetPerGPU"),
+    Case("throughput-below-parent", _spec(compression={"throughputFactor": 0.5}), "spec.compression.throughputFactor"),
+    Case("throughput-wrong-type", _spec(compression={"throughputFactor": "fast"}),
+         "spec.compression.throughputFactor"),
+    Case("latency-zero", _spec(compression={"latencyFactor": 0}), "spec.compression.latencyFactor"),
+    Case("active-above-total", _spec(compression={"maxTotalParamsBillions": 9, "maxActiveParamsBillions": 12}),
+         "spec.compression.maxActiveParamsBillions"),
+    Case("no-target", _spec(compression={"memoryBudgetPerGPU": DELETE}), "spec.compression"),
+    Case("context-length-zero", _spec(compression={"contextLength": 0}), "spec.compression.contextLength"),
+    Case("retention-above-one", _spec(compression={"minQualityRetention": 1.2}),
+         "spec.compression.minQualityRetention"),
+    Case("rounds-zero", _spec(compression={"rounds": 0}), "spec.compression.rounds"),
+    Case("tokens-negative", _spec(compression={"distillation": {"globalTokens": -1}}),
+         "spec.compression.distillation.globalTokens"),
+    Case("unknown-precision", _spec(quantization={"precision": "int3"}), "spec.quantization.precision"),
+    Case("nvfp4-on-hopper", _spec(quantization={"precision": "nvfp4"}), "spec.quantization.precision"),
+    Case("fp8-kv-on-ampere", _spec(compression={"targetGPU": "A100-40GB"}, quantization={"kvCacheDtype": "fp8"}),
+         "spec.quantization"),
+    Case("calibration-zero", _spec(quantization={"calibrationSamples": 0}), "spec.quantization.calibrationSamples"),
+    Case("serve-longer-than-sized", _spec(compression={"contextLength": 8192}), "spec.deployment.contextLength"),
+    Case("replicas-min-above-max", _spec(deployment={"minReplicas": 5, "maxReplicas": 2}),
+         "spec.deployment.minReplicas"),
+    Case("no-pools", _spec(deployment={"pools": []}), "spec.deployment.pools"),
+    Case("duplicate-pools", _spec(deployment={"pools": [POOL, POOL]}), "spec.deployment.pools"),
+    Case("concurrency-both", _spec(deployment={"pools": [{**POOL, "concurrency": {"perNode": 8, "total": 9}}]}),
+         "spec.deployment.pools[0].concurrency"),
+    Case("concurrency-neither", _spec(deployment={"pools": [{**POOL, "concurrency": {}}]}),
+         "spec.deployment.pools[0].concurrency"),
+    Case("empty-node-selector", _spec(deployment={"pools": [{**POOL, "nodeSelector": {}}]}),
+         "spec.deployment.pools[0].nodeSelector"),
+    Case("claim-and-class", _spec(storage={"existingClaim": "a", "storageClassName": "fast"}),
+         "spec.storage.existingClaim"),
+    Case("unknown-field", _spec(compresion={"targetGPU": "H100-80GB"}), "spec.compresion"),
+]
+
+
+def example_bodies() -> list[tuple[str, dict[str, Any]]]:
+    return [(path.name, yaml.safe_load(path.read_text())) for path in EXAMPLES]
