@@ -4,17 +4,17 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 TAILOR := $(BIN)/tailor
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help setup build up down demo test lint
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --constraint constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP) ## create .venv and install tailor with the dev tools (not the compressor stack)

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.cluster
 def devcluster() -> Iterator[cluster.Layout]:
     layout = cluster.Layout(cluster.state_dir())
     was_running = cluster.running_pid(layout, "kube-apiserver") is not None
+    if not was_running:
+        cluster.down(purge=True)  # a fresh cluster: no state left by a session that was stopped
     cluster.up()
     yield layout
     if not was_running:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import build
 from tailor.devcluster.nodes import GPU_RESOURCE, load_pools
@@ -157,3 +160,27 @@ def test_deleting_an_owner_garbage_collects_its_dependents(api: client.ApiClient
         return "dependent" not in names and not replica_sets and not pods
 
     wait_for("the garbage collector to delete the dependents", gone)
+
+
+def test_resource_quota_admission_limits_gpus(api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "gpus"}, "spec": {"hard": {f"requests.{GPU_RESOURCE}": "1"}}})
+    wait_for("the quota to be counted",
+             lambda: (core.read_namespaced_resource_quota("gpus", namespace).status.hard or {}))
+    pod = gpu_deployment("over-quota", 2, H100)["spec"]["template"]
+    pod["metadata"] = {"name": "over-quota"}
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_pod(namespace, pod)
+    assert raised.value.status == 403
+    assert "exceeded quota" in raised.value.body
+
+
+def test_rbac_denies_a_service_account_without_bindings(namespace: str, kubectl: Callable[..., Any]) -> None:
+    user = f"system:serviceaccount:{namespace}:default"
+    denied = kubectl("auth", "can-i", "list", "pods", f"--namespace={namespace}", f"--as={user}", check=False)
+    assert denied.stdout.strip() == "no"
+    kubectl("create", "rolebinding", "view", "--clusterrole=view", f"--serviceaccount={namespace}:default",
+            f"--namespace={namespace}")
+    allowed = kubectl("auth", "can-i", "list", "pods", f"--namespace={namespace}", f"--as={user}", check=False)
+    assert allowed.stdout.strip() == "yes"
