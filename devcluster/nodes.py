@@ -50,7 +50,8 @@ def load_pools(path: Path = DEFAULT_POOLS_FILE) -> NodePools:
     try:
         return NodePools.model_validate(yaml.safe_load(path.read_text()))
     except ValidationError as error:
-        raise ValueError(f"{path}: invalid node pools:\n{error}") from error
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"{path}: invalid node pools: {problems}") from error
 
 
 def node_manifests(pools: NodePools) -> list[dict[str, Any]]:

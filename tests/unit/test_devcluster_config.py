@@ -1,0 +1,64 @@
+"""The devcluster's inputs without starting it: node pools, certificates, build pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from tailor.devcluster import build, nodes, pki
+
+
+def test_default_pools_match_the_documented_fleet() -> None:
+    pools = {pool.name: pool for pool in nodes.load_pools().pools}
+    fleet = {name: (pool.count, pool.gpu.count if pool.gpu else 0) for name, pool in pools.items()}
+    assert fleet == {"h100": (2, 8), "b200": (1, 8), "a100": (2, 4), "l40s": (1, 2), "cpu": (2, 0)}
+
+
+def test_gpu_nodes_carry_capacity_labels_and_taint() -> None:
+    manifests = {m["metadata"]["name"]: m for m in nodes.node_manifests(nodes.load_pools())}
+    h100 = manifests["h100-1"]
+    assert h100["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert h100["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert h100["metadata"]["labels"]["nvidia.com/gpu.family"] == "hopper"
+    assert h100["metadata"]["annotations"] == {nodes.KWOK_ANNOTATION: "fake"}
+    assert h100["spec"]["taints"] == [nodes.GPU_TAINT]
+    assert "nvidia.com/gpu" not in manifests["cpu-0"]["status"]["capacity"]
+    assert manifests["cpu-0"]["spec"]["taints"] == []
+
+
+def test_bad_pools_file_names_the_file_and_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "pools.yaml"
+    bad.write_text("pools:\n  - name: h100\n    count: 0\n    cpu: '8'\n    memory: 1Gi\n")
+    expected = r"pools\.yaml: invalid node pools: pools\.0\.count: Input should be greater than 0"
+    with pytest.raises(ValueError, match=expected):
+        nodes.load_pools(bad)
+
+
+def test_certificates_chain_to_the_ca_with_kubeadm_identities(tmp_path: Path) -> None:
+    created = pki.ensure_pki(tmp_path / "pki")
+    ca = x509.load_pem_x509_certificate(created.ca_cert.read_bytes())
+    admin = x509.load_pem_x509_certificate(created.client_cert("admin").read_bytes())
+    admin.verify_directly_issued_by(ca)
+    assert admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    scheduler = x509.load_pem_x509_certificate(created.client_cert("scheduler").read_bytes())
+    assert scheduler.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:kube-scheduler"
+    serving = x509.load_pem_x509_certificate(created.serving_cert.read_bytes())
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "kubernetes.default.svc" in names.get_values_for_type(x509.DNSName)
+    assert oct(created.ca_key.stat().st_mode & 0o777) == "0o600"
+    before = created.ca_cert.read_bytes()
+    assert pki.ensure_pki(tmp_path / "pki").ca_cert.read_bytes() == before, "an existing CA is kept"
+
+
+def test_kubernetes_version_comes_from_the_wrapper_module() -> None:
+    version = build.kubernetes_version()
+    go_mod = (build.KUBE_MODULE / "go.mod").read_text()
+    assert version.startswith("v1.") and int(version.split(".")[1]) >= 33
+    minor = version.split(".", 1)[1]
+    # every staging module is replaced with the matching v0.X.Y release
+    replaced = [line for line in go_mod.splitlines() if "=> k8s.io/" in line]
+    assert len(replaced) >= 30
+    assert all(line.strip().endswith(f"v0.{minor}") for line in replaced)
