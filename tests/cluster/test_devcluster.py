@@ -184,3 +184,28 @@ def test_rbac_denies_a_service_account_without_bindings(namespace: str, kubectl:
             f"--namespace={namespace}")
     allowed = kubectl("auth", "can-i", "list", "pods", f"--namespace={namespace}", f"--as={user}", check=False)
     assert allowed.stdout.strip() == "yes"
+
+
+def test_hpa_controller_acts_on_a_triton_queue_metric(api: client.ApiClient, namespace: str) -> None:
+    apps, autoscaling = client.AppsV1Api(api), client.AutoscalingV2Api(api)
+    apps.create_namespaced_deployment(namespace, gpu_deployment("served", 1, H100))
+    autoscaling.create_namespaced_horizontal_pod_autoscaler(namespace, {
+        "metadata": {"name": "served"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "served"},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": "nv_inference_queue_duration_us"},
+                "target": {"type": "AverageValue", "averageValue": "50"}}}],
+        },
+    })
+
+    def conditions() -> dict[str, tuple[str, str]]:
+        status = autoscaling.read_namespaced_horizontal_pod_autoscaler_status("served", namespace).status
+        return {c.type: (c.status, c.reason) for c in status.conditions or []}
+
+    # No custom-metrics API is installed yet, so the controller reports that it cannot read the metric.
+    found = wait_for("the HPA controller to evaluate the metric", lambda: conditions().get("ScalingActive"))
+    assert found == ("False", "FailedGetPodsMetric")
+    assert conditions()["AbleToScale"][0] == "True"
