@@ -93,7 +93,7 @@ def ensure_binaries() -> Path:
     env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOBIN": str(staging)}
     started = time.monotonic()
     log(f"building the devcluster binaries (Kubernetes {version}, kwok {KWOK_VERSION}, helm {HELM_VERSION}); "
-        "a cold build takes tens of minutes on 2 cores, later starts reuse it")
+        "a cold build takes about 7 minutes on 2 cores; later starts reuse it")
     packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + ["./cmd/etcd"]
     _run_go(["build", "-o", f"{staging}/", "-ldflags", _version_ldflags(version), *packages],
             cwd=KUBE_MODULE, env=env, what="etcd, " + ", ".join(KUBE_COMMANDS))
