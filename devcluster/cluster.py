@@ -171,21 +171,22 @@ def _log_tail(layout: Layout, component: str, lines: int = 30) -> str:
         return "(no log)"
 
 
-def _start(component: str, argv: list[str], layout: Layout) -> int:
+def _start(component: str, argv: list[str], layout: Layout) -> subprocess.Popen[bytes]:
     with layout.log_file(component).open("ab") as log_handle:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     layout.pid_file(component).write_text(str(process.pid))
-    return process.pid
+    return process
 
 
-def _wait_until(what: str, check: Callable[[], bool], layout: Layout, component: str,
-                timeout_s: float = START_TIMEOUT_S) -> None:
+def _wait_until(what: str, check: Callable[[], bool], process: subprocess.Popen[bytes], layout: Layout,
+                component: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll `check` until it holds; fail with the end of the component's log if it exits or times out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if running_pid(layout, component) is None:
-            raise RuntimeError(f"{component} exited while waiting for {what}; the end of "
-                               f"{layout.log_file(component)}:\n{_log_tail(layout, component)}")
+        if process.poll() is not None:
+            raise RuntimeError(f"{component} exited with code {process.returncode} while waiting for {what}; "
+                               f"the end of {layout.log_file(component)}:\n{_log_tail(layout, component)}")
         if check():
             return
         time.sleep(0.5)
@@ -234,26 +235,32 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports()) -> Layout:
     readiness: dict[str, tuple[str, Callable[[], bool]]] = {
         "etcd": ("etcd health", lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health")),
         "kube-apiserver": ("the API server's /readyz", lambda: _http_ok(f"{server}/readyz", tls)),
+        "kube-controller-manager": ("the default ServiceAccount",
+                                    lambda: _has_default_service_account(bin_dir, layout)),
     }
-    for component in COMPONENTS:
-        if running_pid(layout, component) is not None:
-            log(f"{component} already running")
-            continue
-        pid = _start(component, _component_argv(component, bin_dir, layout, pki, ports), layout)
-        log(f"started {component} (pid {pid}, log {layout.log_file(component)})")
-        if component in readiness:
-            what, check = readiness[component]
-            _wait_until(what, check, layout, component)
-            log(f"{component} ready")
+    started: list[str] = []
+    try:
+        for component in COMPONENTS:
+            if running_pid(layout, component) is not None:
+                log(f"{component} already running")
+                continue
+            process = _start(component, _component_argv(component, bin_dir, layout, pki, ports), layout)
+            started.append(component)
+            log(f"started {component} (pid {process.pid}, log {layout.log_file(component)})")
+            if component in readiness:
+                what, check = readiness[component]
+                _wait_until(what, check, process, layout, component)
+                log(f"{component} ready")
 
-    nodes = node_manifests(pools)
-    _kubectl(bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
-             stdin=yaml.safe_dump_all(nodes))
-    log(f"applied {len(nodes)} nodes from {pools_file}; waiting for kwok to make them Ready")
-    _kubectl(bin_dir, layout, "wait", "--for=condition=Ready", "--timeout=120s",
-             *[f"node/{node['metadata']['name']}" for node in nodes])
-    _wait_until("the default ServiceAccount", lambda: _has_default_service_account(bin_dir, layout),
-                layout, "kube-controller-manager")
+        nodes = node_manifests(pools)
+        _kubectl(bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
+                 stdin=yaml.safe_dump_all(nodes))
+        log(f"applied {len(nodes)} nodes from {pools_file}; waiting for kwok to make them Ready")
+        _kubectl(bin_dir, layout, "wait", "--for=condition=Ready", "--timeout=120s",
+                 *[f"node/{node['metadata']['name']}" for node in nodes])
+    except BaseException:
+        _stop(layout, [name for name in reversed(COMPONENTS) if name in started])
+        raise
     log(f"devcluster up: export KUBECONFIG={layout.kubeconfig}")
     return layout
 
@@ -266,23 +273,26 @@ def _has_default_service_account(bin_dir: Path, layout: Layout) -> bool:
     return True
 
 
+def _stop(layout: Layout, components: list[str]) -> None:
+    """Stop `components` in the order given: SIGTERM to each process group, SIGKILL after 20 s."""
+    for component in components:
+        pid = running_pid(layout, component)
+        if pid is not None:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while running_pid(layout, component) is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if running_pid(layout, component) is not None:
+                os.killpg(pid, signal.SIGKILL)
+                log(f"{component} did not stop within 20s: killed")
+            log(f"stopped {component}")
+        layout.pid_file(component).unlink(missing_ok=True)
+
+
 def down(purge: bool = False) -> None:
     """Stop every component `up` started, newest first; `purge` also deletes the cluster's data."""
     layout = Layout(state_dir())
-    for component in reversed(COMPONENTS):
-        pid = running_pid(layout, component)
-        if pid is None:
-            layout.pid_file(component).unlink(missing_ok=True)
-            continue
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while running_pid(layout, component) is not None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if running_pid(layout, component) is not None:
-            os.killpg(pid, signal.SIGKILL)
-            log(f"{component} did not stop within 20s: killed")
-        layout.pid_file(component).unlink(missing_ok=True)
-        log(f"stopped {component}")
+    _stop(layout, list(reversed(COMPONENTS)))
     if purge:
         shutil.rmtree(layout.root, ignore_errors=True)
         log(f"deleted {layout.root}")
