@@ -171,10 +171,16 @@ def _log_tail(layout: Layout, component: str, lines: int = 30) -> str:
         return "(no log)"
 
 
+# Components started by this process, by pid: kept so they are reaped when stopped from here
+# (a long-lived caller such as a test session would otherwise collect zombies).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def _start(component: str, argv: list[str], layout: Layout) -> subprocess.Popen[bytes]:
     with layout.log_file(component).open("ab") as log_handle:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
                                    start_new_session=True)
+    _children[process.pid] = process
     layout.pid_file(component).write_text(str(process.pid))
     return process
 
@@ -285,6 +291,8 @@ def _stop(layout: Layout, components: list[str]) -> None:
             if running_pid(layout, component) is not None:
                 os.killpg(pid, signal.SIGKILL)
                 log(f"{component} did not stop within 20s: killed")
+            if (child := _children.pop(pid, None)) is not None:
+                child.wait(timeout=20)
             log(f"stopped {component}")
         layout.pid_file(component).unlink(missing_ok=True)
 
