@@ -74,11 +74,8 @@ def test_gpu_deployment_lands_on_the_selected_pool_and_becomes_available(
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     apps.create_namespaced_deployment(namespace, gpu_deployment("two-gpus", 2, H100))
 
-    def available() -> bool:
-        status = apps.read_namespaced_deployment_status("two-gpus", namespace).status
-        return any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
-
-    wait_for("the Deployment to become Available", available)
+    wait_for("the Deployment to become Available",
+             lambda: has_condition(apps.read_namespaced_deployment_status("two-gpus", namespace).status, "Available"))
     pods = core.list_namespaced_pod(namespace, label_selector="app=two-gpus").items
     assert len(pods) == 1
     node = core.read_node(pods[0].spec.node_name)
@@ -104,42 +101,36 @@ def test_request_beyond_any_node_stays_pending_with_failed_scheduling(
     assert pod.spec.node_name is None
 
 
-def test_job_runs_to_completion(api: client.ApiClient, namespace: str) -> None:
-    batch = client.BatchV1Api(api)
-    batch.create_namespaced_job(namespace, {
+def job(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": "work"},
-        "spec": {"backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "work", "image": "busybox", "command": ["true"]}]}}},
-    })
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"annotations": annotations or {}},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "work", "image": "busybox", "command": ["true"]}]}}},
+    }
 
-    def complete() -> bool:
-        status = batch.read_namespaced_job_status("work", namespace).status
-        return any(c.type == "Complete" and c.status == "True" for c in status.conditions or [])
 
-    wait_for("the Job to complete", complete)
+def has_condition(status: Any, condition_type: str) -> bool:
+    return any(c.type == condition_type and c.status == "True" for c in status.conditions or [])
+
+
+def test_job_runs_to_completion(api: client.ApiClient, namespace: str) -> None:
+    batch = client.BatchV1Api(api)
+    batch.create_namespaced_job(namespace, job("work"))
+    wait_for("the Job to complete",
+             lambda: has_condition(batch.read_namespaced_job_status("work", namespace).status, "Complete"))
     assert batch.read_namespaced_job_status("work", namespace).status.succeeded == 1
 
 
 def test_job_whose_pod_fails_reports_failed(api: client.ApiClient, namespace: str) -> None:
     batch = client.BatchV1Api(api)
-    batch.create_namespaced_job(namespace, {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "broken"},
-        "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"annotations": {"devcluster.tailor.dev/fail": "simulated out-of-memory"}},
-            "spec": {"restartPolicy": "Never",
-                     "containers": [{"name": "work", "image": "busybox", "command": ["false"]}]}}},
-    })
-
-    def failed() -> bool:
-        status = batch.read_namespaced_job_status("broken", namespace).status
-        return any(c.type == "Failed" and c.status == "True" for c in status.conditions or [])
-
-    wait_for("the Job to fail", failed)
+    batch.create_namespaced_job(namespace, job("broken", {"devcluster.tailor.dev/fail": "simulated OOM"}))
+    wait_for("the Job to fail",
+             lambda: has_condition(batch.read_namespaced_job_status("broken", namespace).status, "Failed"))
+    assert batch.read_namespaced_job_status("broken", namespace).status.failed == 1
 
 
 def test_deleting_an_owner_garbage_collects_its_dependents(api: client.ApiClient, namespace: str) -> None:
