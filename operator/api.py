@@ -161,9 +161,8 @@ class CompressionSpec(ApiModel):
         active, total = self.max_active_params_billions, self.max_total_params_billions
         if active is not None and total is not None and active > total:
             raise ValueError(ACTIVE_WITHIN_TOTAL["message"])
-        if all(getattr(self, name) is None for name in ("memory_budget_per_gpu", "throughput_factor",
-                                                          "latency_factor", "max_total_params_billions",
-                                                          "max_active_params_billions")):
+        on_the_wire = self.model_dump(by_alias=True)
+        if all(on_the_wire[name] is None for name in TARGET_FIELDS):
             raise ValueError(SOME_TARGET["message"])
         return self
 
