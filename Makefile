@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 TAILOR := $(BIN)/tailor
+PACKAGES := cli operator compressor devcluster
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help setup build up down demo test lint
@@ -14,10 +15,10 @@ help: ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet --constraint constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --constraint constraints.txt -e '.[dev,compressor]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-setup: $(STAMP) ## create .venv and install tailor with the dev tools (not the compressor stack)
+setup: $(STAMP) ## create .venv and install tailor with the compressor stack (torch, CPU here) and dev tools
 
 build: setup ## build the devcluster binaries from Go modules (cached in ~/.cache/tailor)
 	$(TAILOR) devcluster build
@@ -38,7 +39,9 @@ demo: up ## quick start: devcluster, CRD, the example CompressedModels, `kubectl
 
 lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(BIN)/ruff check .
-	$(BIN)/mypy operator compressor devcluster cli
+	@# mypy resolves `tailor.*` through a link farm shaped like the installed package
+	mkdir -p build/typecheck/tailor && for d in $(PACKAGES); do ln -sfn ../../../$$d build/typecheck/tailor/$$d; done
+	MYPYPATH=build/typecheck $(BIN)/mypy $(foreach d,$(PACKAGES),-p tailor.$(d))
 	$(BIN)/lint-imports
 	$(TAILOR) crd generate --check
 

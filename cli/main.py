@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from tailor.cli import size
+
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
   tailor devcluster up                       # build if needed and start; creates the GPU node pools
@@ -95,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from the models")
     mode.add_argument("--stdout", action="store_true", help="print instead of writing")
     crd.set_defaults(run=_crd)
+
+    size.add_parser(nouns)
     return parser
 
 

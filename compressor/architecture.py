@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,8 +47,10 @@ class TensorGroup(StrEnum):
 Params = Counter[TensorGroup]
 
 
-class _Part(BaseModel):
+class Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: ClassVar[str]  # one character, as in NemotronH's hybrid pattern
 
     def params(self, hidden: int) -> Params:
         """Parameters of this sub-layer, pre-norm included, by tensor group."""
@@ -62,9 +64,10 @@ class _Part(BaseModel):
         return Counter({TensorGroup.NORM: hidden, **groups})
 
 
-class Attention(_Part):
+class Attention(Part):
     """Grouped-query self-attention; the only part with a KV cache."""
 
+    code: ClassVar[str] = "*"
     kind: Literal["attention"] = "attention"
     num_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
@@ -79,9 +82,10 @@ class Attention(_Part):
         return 2 * self.num_kv_heads * self.head_dim
 
 
-class Mamba(_Part):
+class Mamba(Part):
     """A Mamba-2 mixer: its state per request is fixed, whatever the context length."""
 
+    code: ClassVar[str] = "M"
     kind: Literal["mamba"] = "mamba"
     num_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
@@ -115,27 +119,30 @@ class Mamba(_Part):
         return self.conv_dim * (self.conv_kernel - 1)
 
 
-class Linear(_Part):
+class Linear(Part):
     """A sub-layer replaced by one hidden x hidden linear map (Puzzle's `replace_with_linear`)."""
 
+    code: ClassVar[str] = "L"
     kind: Literal["linear"] = "linear"
 
     def params(self, hidden: int) -> Params:
         return self._with_norm(hidden, {TensorGroup.LINEAR: hidden * hidden})
 
 
-class NoOp(_Part):
+class NoOp(Part):
     """A sub-layer removed altogether: the residual stream passes through."""
 
+    code: ClassVar[str] = "0"
     kind: Literal["noop"] = "noop"
 
     def params(self, hidden: int) -> Params:
         return Counter()
 
 
-class Mlp(_Part):
+class Mlp(Part):
     """A dense feed-forward network; gated (SwiGLU, three matrices) or not (ReLU^2, two)."""
 
+    code: ClassVar[str] = "-"
     kind: Literal["mlp"] = "mlp"
     intermediate_size: int = Field(gt=0)
     gated: bool
@@ -145,9 +152,10 @@ class Mlp(_Part):
         return self._with_norm(hidden, {TensorGroup.MLP: matrices * hidden * self.intermediate_size})
 
 
-class Moe(_Part):
+class Moe(Part):
     """A mixture of experts with a router, optional shared expert and optional latent projection."""
 
+    code: ClassVar[str] = "E"
     kind: Literal["moe"] = "moe"
     num_experts: int = Field(gt=0)
     top_k: int = Field(gt=0)
@@ -189,7 +197,7 @@ class Block(BaseModel):
     mixer: Mixer | None = None
     ffn: FeedForward | None = None
 
-    def parts(self) -> list[_Part]:
+    def parts(self) -> list[Part]:
         return [part for part in (self.mixer, self.ffn) if part is not None]
 
     def params(self, hidden: int) -> Params:
@@ -201,8 +209,7 @@ class Block(BaseModel):
     @property
     def code(self) -> str:
         """One character per part, as in NemotronH's hybrid pattern (M, E, *, -; L linear, 0 no-op)."""
-        codes = {"attention": "*", "mamba": "M", "moe": "E", "mlp": "-", "linear": "L", "noop": "0"}
-        return "".join(codes[part.kind] for part in self.parts())
+        return "".join(part.code for part in self.parts())
 
 
 class Architecture(BaseModel):
@@ -240,11 +247,11 @@ class Architecture(BaseModel):
 
     @property
     def total_params(self) -> int:
-        return sum(self.params().values())
+        return int(sum(self.params().values()))
 
     @property
     def active_param_count(self) -> int:
-        return sum(self.active_params().values())
+        return int(sum(self.active_params().values()))
 
     def attention_layers(self) -> list[Attention]:
         return [block.mixer for block in self.blocks if isinstance(block.mixer, Attention)]
@@ -274,7 +281,7 @@ class _Fields:
     def _fail(self, key: str, expected: str) -> ConfigError:
         return ConfigError(f"{self.source}: field {self.where}{key!r} {expected}")
 
-    def int(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
         value = self.data.get(key, default)
         if value is None:
             raise self._fail(key, "is required (an integer)")
@@ -282,28 +289,28 @@ class _Fields:
             raise self._fail(key, f"must be an integer >= {minimum}, got {value!r}")
         return value
 
-    def optional_int(self, key: str) -> int | None:
-        return None if self.data.get(key) is None else self.int(key)
+    def optional_integer(self, key: str) -> int | None:
+        return None if self.data.get(key) is None else self.integer(key)
 
-    def float(self, key: str) -> float:
+    def number(self, key: str) -> float:
         value = self.data.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise self._fail(key, f"must be a positive number, got {value!r}")
         return float(value)
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)
         if not isinstance(value, bool):
             raise self._fail(key, f"must be true or false, got {value!r}")
         return value
 
-    def str(self, key: str, default: str | None = None) -> str:
+    def text(self, key: str, default: str | None = None) -> str:
         value = self.data.get(key, default)
         if not isinstance(value, str) or not value:
             raise self._fail(key, "is required (a string)" if value is None else f"must be a string, got {value!r}")
         return value
 
-    def list(self, key: str, length: int | None = None) -> list[Any]:
+    def items(self, key: str, length: int | None = None) -> list[Any]:
         value = self.data.get(key)
         if not isinstance(value, list):
             raise self._fail(key, "is required (a list)" if value is None else f"must be a list, got {value!r}")
@@ -325,14 +332,14 @@ class _Fields:
 
 
 def _llama_attention(f: _Fields, kv_heads: int | None = None) -> Attention:
-    heads = f.int("num_attention_heads")
-    return Attention(num_heads=heads, num_kv_heads=kv_heads or f.int("num_key_value_heads", heads),
-                     head_dim=f.int("head_dim", f.int("hidden_size") // heads))
+    heads = f.integer("num_attention_heads")
+    return Attention(num_heads=heads, num_kv_heads=kv_heads or f.integer("num_key_value_heads", heads),
+                     head_dim=f.integer("head_dim", f.integer("hidden_size") // heads))
 
 
 def _llama_blocks(f: _Fields) -> list[Block]:
-    layers = f.int("num_hidden_layers")
-    block = Block(mixer=_llama_attention(f), ffn=Mlp(intermediate_size=f.int("intermediate_size"), gated=True))
+    layers = f.integer("num_hidden_layers")
+    block = Block(mixer=_llama_attention(f), ffn=Mlp(intermediate_size=f.integer("intermediate_size"), gated=True))
     return [block] * layers
 
 
@@ -343,29 +350,29 @@ def _deci_ffn_width(ffn_mult: float, hidden: int) -> int:
 
 def _nemotron_nas_blocks(f: _Fields) -> list[Block]:
     """`nemotron-nas` (DeciLM) children: per-layer attention and FFN choices in block_configs."""
-    layers = f.int("num_hidden_layers")
-    heads = f.int("num_attention_heads")
+    layers = f.integer("num_hidden_layers")
+    heads = f.integer("num_attention_heads")
     blocks = []
-    for index, _ in enumerate(f.list("block_configs", layers)):
+    for index, _ in enumerate(f.items("block_configs", layers)):
         entry = f.section("block_configs", index).data
         attention = _Fields(entry, f.source, f"block_configs[{index}].").section("attention")
         ffn = _Fields(entry, f.source, f"block_configs[{index}].").section("ffn")
         mixer: Attention | Linear | NoOp
-        if attention.bool("no_op", False):
+        if attention.flag("no_op", False):
             mixer = NoOp()
-        elif attention.bool("replace_with_linear", False):
+        elif attention.flag("replace_with_linear", False):
             mixer = Linear()
         else:
-            mixer = _llama_attention(f, heads // attention.int("n_heads_in_group"))
+            mixer = _llama_attention(f, heads // attention.integer("n_heads_in_group"))
         feed: Mlp | Linear | NoOp
-        if ffn.bool("no_op", False):
+        if ffn.flag("no_op", False):
             feed = NoOp()
-        elif ffn.bool("replace_with_linear", False):
+        elif ffn.flag("replace_with_linear", False):
             feed = Linear()
         elif "intermediate_size" in ffn.data:
-            feed = Mlp(intermediate_size=ffn.int("intermediate_size"), gated=True)
+            feed = Mlp(intermediate_size=ffn.integer("intermediate_size"), gated=True)
         else:
-            feed = Mlp(intermediate_size=_deci_ffn_width(ffn.float("ffn_mult"), f.int("hidden_size")), gated=True)
+            feed = Mlp(intermediate_size=_deci_ffn_width(ffn.number("ffn_mult"), f.integer("hidden_size")), gated=True)
         blocks.append(Block(mixer=mixer, ffn=feed))
     return blocks
 
@@ -375,14 +382,14 @@ _NEMOTRON_H_TYPES = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 
 def _nemotron_h_types(f: _Fields) -> list[str]:
     if "hybrid_override_pattern" in f.data:
-        pattern = f.str("hybrid_override_pattern")
+        pattern = f.text("hybrid_override_pattern")
         unknown = sorted(set(pattern) - set(_NEMOTRON_H_TYPES))
         if unknown:
             raise ConfigError(f"{f.source}: field 'hybrid_override_pattern' has unknown block codes {unknown}; "
                               f"expected characters from {''.join(_NEMOTRON_H_TYPES)}")
         return [_NEMOTRON_H_TYPES[code] for code in pattern]
     aliases = {"linear_attention": "mamba", "full_attention": "attention"}
-    types = [aliases.get(kind, kind) for kind in f.list("layers_block_type")]
+    types = [aliases.get(kind, kind) for kind in f.items("layers_block_type")]
     unknown = sorted(set(types) - set(_NEMOTRON_H_TYPES.values()))
     if unknown:
         raise ConfigError(f"{f.source}: field 'layers_block_type' has unknown block types {unknown}")
@@ -391,27 +398,28 @@ def _nemotron_h_types(f: _Fields) -> list[str]:
 
 def _nemotron_h_part(kind: str, f: _Fields) -> Attention | Mamba | Moe | Mlp | Linear | NoOp:
     """One NemotronH block from model-wide fields, overridden per block for Puzzle children."""
-    if f.bool("no_op", False):
+    if f.flag("no_op", False):
         return NoOp()
-    if f.bool("replace_with_linear", False):
+    if f.flag("replace_with_linear", False):
         return Linear()
     if kind == "mamba":
-        return Mamba(num_heads=f.int("mamba_num_heads"), head_dim=f.int("mamba_head_dim"),
-                     state_size=f.int("ssm_state_size"), n_groups=f.int("n_groups"),
-                     conv_kernel=f.int("conv_kernel"))
+        return Mamba(num_heads=f.integer("mamba_num_heads"), head_dim=f.integer("mamba_head_dim"),
+                     state_size=f.integer("ssm_state_size"), n_groups=f.integer("n_groups"),
+                     conv_kernel=f.integer("conv_kernel"))
     if kind == "attention":
         return _llama_attention(f)
     if kind == "moe":
-        shared = f.int("moe_shared_expert_intermediate_size", minimum=0) * f.int("n_shared_experts", 1, minimum=0)
-        return Moe(num_experts=f.int("n_routed_experts"), top_k=f.int("num_experts_per_tok"),
-                   expert_width=f.int("moe_intermediate_size"), shared_width=shared,
-                   latent_size=f.optional_int("moe_latent_size"))
-    return Mlp(intermediate_size=f.int("intermediate_size"), gated=False)
+        width = f.integer("moe_shared_expert_intermediate_size", minimum=0)
+        shared = width * f.integer("n_shared_experts", 1, minimum=0)
+        return Moe(num_experts=f.integer("n_routed_experts"), top_k=f.integer("num_experts_per_tok"),
+                   expert_width=f.integer("moe_intermediate_size"), shared_width=shared,
+                   latent_size=f.optional_integer("moe_latent_size"))
+    return Mlp(intermediate_size=f.integer("intermediate_size"), gated=False)
 
 
 def _nemotron_h_blocks(f: _Fields, per_block: bool) -> list[Block]:
     types = _nemotron_h_types(f)
-    overrides = f.list("block_configs", len(types)) if per_block else [{}] * len(types)
+    overrides = f.items("block_configs", len(types)) if per_block else [{}] * len(types)
     blocks = []
     for index, kind in enumerate(types):
         entry = f.section("block_configs", index).data if per_block else overrides[index]
@@ -421,14 +429,14 @@ def _nemotron_h_blocks(f: _Fields, per_block: bool) -> list[Block]:
                               f"layer pattern has {kind!r} at that position")
         part = _nemotron_h_part(kind, f.merged(entry, f"block_configs[{index}]." if per_block else ""))
         is_mixer = kind in ("mamba", "attention")
-        blocks.append(Block(mixer=part) if is_mixer else Block(ffn=part))  # type: ignore[arg-type]
+        blocks.append(Block(mixer=part) if is_mixer else Block(ffn=part))
     return blocks
 
 
 def architecture_from_config(config: dict[str, Any], source: str = "config.json") -> Architecture:
     """Read a Hugging Face config dict (Llama, nemotron-nas, nemotron_h, nemotron_h_puzzle)."""
     f = _Fields(config, source)
-    model_type = f.str("model_type")
+    model_type = f.text("model_type")
     if model_type in ("llama", "mistral"):
         blocks = _llama_blocks(f)
     elif model_type == "nemotron-nas":
@@ -440,10 +448,10 @@ def architecture_from_config(config: dict[str, Any], source: str = "config.json"
                           "nemotron-nas, nemotron_h, nemotron_h_puzzle")
     return Architecture(
         name=str(config.get("_name_or_path") or Path(source).parent.name or "model"),
-        hidden_size=f.int("hidden_size"),
-        vocab_size=f.int("vocab_size"),
-        tie_word_embeddings=f.bool("tie_word_embeddings", model_type not in ("nemotron_h", "nemotron_h_puzzle")),
-        max_position_embeddings=f.optional_int("max_position_embeddings"),
+        hidden_size=f.integer("hidden_size"),
+        vocab_size=f.integer("vocab_size"),
+        tie_word_embeddings=f.flag("tie_word_embeddings", model_type not in ("nemotron_h", "nemotron_h_puzzle")),
+        max_position_embeddings=f.optional_integer("max_position_embeddings"),
         ssm_cache_dtype=config.get("mamba_ssm_cache_dtype", "float32"),
         blocks=blocks,
     )

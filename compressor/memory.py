@@ -77,7 +77,7 @@ def recipe_for(precision: Precision, arch: Architecture) -> QuantRecipe:
 
 
 def block_weight_bytes(block: Block, hidden: int, recipe: QuantRecipe) -> float:
-    return sum(count * recipe.bits_for(group) / 8 for group, count in block.params(hidden).items())
+    return float(sum(count * recipe.bits_for(group) / 8 for group, count in block.params(hidden).items()))
 
 
 def weight_bytes(arch: Architecture, recipe: QuantRecipe) -> int:
@@ -87,7 +87,7 @@ def weight_bytes(arch: Architecture, recipe: QuantRecipe) -> int:
 
 def kv_bytes_per_token(arch: Architecture, kv_dtype: KvDtype) -> int:
     """K and V of every attention layer for one token."""
-    return sum(layer.kv_elements_per_token() for layer in arch.attention_layers()) * KV_BYTES[kv_dtype]
+    return int(sum(layer.kv_elements_per_token() for layer in arch.attention_layers())) * KV_BYTES[kv_dtype]
 
 
 class StateBytes(BaseModel):
@@ -107,8 +107,8 @@ def state_bytes_per_request(arch: Architecture, ssm_dtype: str | None = None) ->
     if dtype not in STATE_BYTES:
         raise ValueError(f"SSM state dtype {dtype!r} is not one of {', '.join(STATE_BYTES)}")
     layers = arch.mamba_layers()
-    return StateBytes(ssm=sum(layer.ssm_elements() for layer in layers) * STATE_BYTES[dtype],
-                      conv=sum(layer.conv_elements() for layer in layers) * CONV_STATE_BYTES)
+    return StateBytes(ssm=int(sum(layer.ssm_elements() for layer in layers)) * STATE_BYTES[dtype],
+                      conv=int(sum(layer.conv_elements() for layer in layers)) * CONV_STATE_BYTES)
 
 
 class RuntimeReserve(BaseModel):

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from tailor.compressor import hardware
+
 GROUP = "tailor.dev"
 VERSION = "v1alpha1"
 KIND = "CompressedModel"
@@ -49,18 +51,22 @@ class ApiModel(BaseModel):
 
 
 class GpuProfile(StrEnum):
-    """GPU profiles a model can be compressed for."""
+    """GPU profiles a model can be compressed for: the built-in ones of `tailor.compressor.hardware`."""
 
     H100_80GB = "H100-80GB"
     H200_141GB = "H200-141GB"
     B200_180GB = "B200-180GB"
+    GB200_186GB = "GB200-186GB"
     A100_40GB = "A100-40GB"
     A100_80GB = "A100-80GB"
     L40S_48GB = "L40S-48GB"
+    L4_24GB = "L4-24GB"
+    CPU = "cpu"
 
 
-BLACKWELL_PROFILES = (GpuProfile.B200_180GB,)
-NO_FP8_PROFILES = (GpuProfile.A100_40GB, GpuProfile.A100_80GB)
+_BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
+BLACKWELL_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if p.runs_natively(hardware.Precision.NVFP4))
+NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.runs_natively(hardware.Precision.FP8))
 
 
 def _cel_list(profiles: tuple[GpuProfile, ...]) -> str:
