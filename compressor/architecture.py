@@ -170,7 +170,7 @@ class Moe(Part):
 
     def _groups(self, hidden: int, experts: int) -> Params:
         groups = {
-            TensorGroup.ROUTER: self.num_experts * hidden + self.num_experts,  # weight + correction bias
+            TensorGroup.ROUTER: self.num_experts * hidden,  # its score-correction bias is a buffer
             TensorGroup.EXPERTS: experts * self._expert_params(hidden),
             TensorGroup.SHARED_EXPERTS: 2 * hidden * self.shared_width,
         }
