@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 
 from tailor.compressor.architecture import (
     Attention,
@@ -92,7 +93,6 @@ def _tiny_nemotron_h(**overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("latent", [32, None])
 def test_counts_agree_with_transformers_nemotron_h(latent: int | None) -> None:
     """The count formula against the real modeling code: every parameter of NemotronHForCausalLM."""
-    transformers = pytest.importorskip("transformers", reason="needs the compressor extra")
     config = _tiny_nemotron_h(moe_latent_size=latent)
     model = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**config))
     real = sum(p.numel() for p in model.parameters())
@@ -100,7 +100,6 @@ def test_counts_agree_with_transformers_nemotron_h(latent: int | None) -> None:
 
 
 def test_counts_agree_with_transformers_llama() -> None:
-    transformers = pytest.importorskip("transformers", reason="needs the compressor extra")
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": True}
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
