@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -433,6 +433,14 @@ def _nemotron_h_blocks(f: _Fields, per_block: bool) -> list[Block]:
     return blocks
 
 
+def _ssm_cache_dtype(f: _Fields) -> Literal["float32", "bfloat16", "float16"]:
+    dtype = f.text("mamba_ssm_cache_dtype", "float32")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"{f.source}: field 'mamba_ssm_cache_dtype' is {dtype!r}; expected float32, bfloat16 "
+                          "or float16")
+    return cast(Literal["float32", "bfloat16", "float16"], dtype)
+
+
 def architecture_from_config(config: dict[str, Any], source: str = "config.json") -> Architecture:
     """Read a Hugging Face config dict (Llama, nemotron-nas, nemotron_h, nemotron_h_puzzle)."""
     f = _Fields(config, source)
@@ -452,7 +460,7 @@ def architecture_from_config(config: dict[str, Any], source: str = "config.json"
         vocab_size=f.integer("vocab_size"),
         tie_word_embeddings=f.flag("tie_word_embeddings", model_type not in ("nemotron_h", "nemotron_h_puzzle")),
         max_position_embeddings=f.optional_integer("max_position_embeddings"),
-        ssm_cache_dtype=config.get("mamba_ssm_cache_dtype", "float32"),
+        ssm_cache_dtype=_ssm_cache_dtype(f),
         blocks=blocks,
     )
 

@@ -149,6 +149,7 @@ def test_layers_block_type_is_read_like_the_pattern() -> None:
      r"config\.json: field 'ssm_state_size' is required"),
     (_tiny_nemotron_h(hidden_size="64"), r"field 'hidden_size' must be an integer >= 1, got '64'"),
     (_tiny_nemotron_h(hybrid_override_pattern="M*X"), r"field 'hybrid_override_pattern' has unknown block codes"),
+    (_tiny_nemotron_h(mamba_ssm_cache_dtype="fp8"), r"field 'mamba_ssm_cache_dtype' is 'fp8'; expected float32"),
     (_tiny_nemotron_h(model_type="gpt2"), r"field 'model_type' is 'gpt2'; expected one of llama"),
     (_tiny_nemotron_h(model_type="nemotron_h_puzzle", block_configs=[{}]),
      r"field 'block_configs' must have one entry per layer \(5\), got 1"),
