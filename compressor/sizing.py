@@ -14,7 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from tailor.compressor.architecture import Architecture
-from tailor.compressor.hardware import GpuProfile
+from tailor.compressor.hardware import GpuProfile, Precision
 from tailor.compressor.memory import (
     KvDtype,
     QuantRecipe,
@@ -121,7 +121,7 @@ def size(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe,
     warnings = []
     if note := gpu.fallback_note(recipe.precision):
         warnings.append(note)
-    if kv_dtype is KvDtype.FP8 and not gpu.runs_natively(recipe.precision.FP8):
+    if kv_dtype is KvDtype.FP8 and not gpu.runs_natively(Precision.FP8):
         warnings.append(f"{gpu.name} has no native FP8: an FP8 KV cache is stored in FP8 and converted to "
                         "BF16 for attention, which costs speed but not memory")
     if arch.max_position_embeddings and context > arch.max_position_embeddings:

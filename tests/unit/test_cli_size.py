@@ -73,3 +73,20 @@ def test_the_cli_does_not_load_torch() -> None:
     code = ("import sys; from tailor.cli.main import main; main(['size', '--model', 'smollm2-135m', '--gpu', 'L4', "
             "'--context', '4096']); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--tp", "0"], "--tp must be a positive integer or auto, got '0'"),
+    (["--tp", "16"], "tensor parallelism 16 needs more GPUs than a node has (8)"),
+    (["--concurrency", "0"], "target concurrency must be positive"),
+])
+def test_bad_options_name_what_was_expected(capsys: pytest.CaptureFixture[str], args: list[str],
+                                            expected: str) -> None:
+    code, _, err = run(capsys, "--model", "smollm2-135m", "--gpu", "H100", "--context", "4096", *args)
+    assert code == 1 and expected in err
+
+
+def test_auto_tensor_parallel_finds_the_smallest_group(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--model", "nemotron-3-super-120b-a12b", "--gpu", "H100", "--context", "8k",
+                       "--precision", "bf16", "--json")
+    assert code == 0 and json.loads(out)[0]["tensor_parallel"] == 4  # 241 GB of BF16 weights
