@@ -16,7 +16,7 @@ from tailor.compressor.architecture import load_architecture
 from tailor.compressor.costs import CostModel
 from tailor.compressor.hardware import GpuCatalog, Precision
 from tailor.compressor.memory import GB, GIB, KvDtype, RuntimeReserve, recipe_for, weight_bytes
-from tailor.compressor.sizing import footprint, size
+from tailor.compressor.sizing import Published, reserve_window, size
 
 PUBLISHED = {  # model: (total params, active params, NVFP4 weights GB, concurrent 1M requests on one H100)
     "nemotron-3-super-120b-a12b": (120.7e9, 12.8e9, 70.0, 1),
@@ -32,7 +32,7 @@ def main() -> int:
     args = parser.parse_args()
     catalog, reserve = GpuCatalog.load(), RuntimeReserve()
     h100 = catalog.get("H100-80GB")
-    low, high = 0.0, float(h100.memory_bytes)
+    published = []
     rows = []
     print(f"runtime reserve {reserve.gib} GiB per GPU; NVFP4 weights, FP8 KV cache, SSM state from the config\n")
     print(f"{'model':<28} {'params':>9} {'active':>8} {'NVFP4 GB':>9} {'published':>9}  "
@@ -42,9 +42,8 @@ def main() -> int:
         recipe = recipe_for(Precision.NVFP4, arch)
         concurrency = {label: {gpu: size(arch, catalog.get(gpu), tokens, recipe, KvDtype.FP8).concurrency_per_replica
                                for gpu in GPUS} for label, tokens in CONTEXTS.items()}
-        fp = footprint(arch, h100, 10**6, recipe, KvDtype.FP8, RuntimeReserve(gib=0))
-        free = h100.memory_bytes - fp.weights
-        low, high = max(low, free - (h100_count + 1) * fp.per_request), min(high, free - h100_count * fp.per_request)
+        published.append(Published(arch=arch, gpu=h100, context=10**6, recipe=recipe, kv_dtype=KvDtype.FP8,
+                                   count=h100_count))
         row = {
             "model": name, "total_params": arch.total_params, "active_params": arch.active_param_count,
             "total_error": arch.total_params / total - 1, "active_error": arch.active_param_count / active - 1,
@@ -55,6 +54,7 @@ def main() -> int:
         print(f"{name:<28} {arch.total_params / 1e9:>8.2f}B {arch.active_param_count / 1e9:>7.2f}B "
               f"{row['nvfp4_weight_gb']:>9.2f} {weights_gb:>9.1f}  "
               + "  ".join(f"{concurrency[label][gpu]:>24}" for label in CONTEXTS for gpu in GPUS))
+    low, high = reserve_window(published)
     window = {"low_gb": low / GB, "high_gb": high / GB, "low_gib": low / GIB, "high_gib": high / GIB,
               "default_gib": reserve.gib, "default_inside": low < reserve.bytes <= high}
     print(f"\nH100 reserve window for 1 and 8 at 10^6 tokens: ({window['low_gb']:.3f}, {window['high_gb']:.3f}] GB = "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
-from tailor.compressor.memory import GB, RECIPES, KvDtype, QuantRecipe, RuntimeReserve, recipe_for
+from tailor.compressor.memory import GB, RECIPES, KvDtype, QuantRecipe, RuntimeReserve, preferred_kv_dtype, recipe_for
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 
 EXAMPLES = """examples:
@@ -62,16 +62,10 @@ def add_parser(nouns: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser.set_defaults(run=run)
 
 
-def _precision(args: argparse.Namespace, gpu: GpuProfile) -> Precision:
-    if args.precision != "auto":
-        return Precision(args.precision)
-    return next(p for p in (Precision.NVFP4, Precision.FP8, Precision.BF16) if gpu.runs_natively(p))
-
-
 def _one(args: argparse.Namespace, arch: Architecture, gpu: GpuProfile) -> Sizing:
-    recipe: QuantRecipe = RECIPES[args.recipe] if args.recipe else recipe_for(_precision(args, gpu), arch)
-    kv = KvDtype(args.kv_dtype) if args.kv_dtype != "auto" else (
-        KvDtype.FP8 if gpu.runs_natively(Precision.FP8) else KvDtype.BF16)
+    precision = gpu.preferred_precision() if args.precision == "auto" else Precision(args.precision)
+    recipe: QuantRecipe = RECIPES[args.recipe] if args.recipe else recipe_for(precision, arch)
+    kv = preferred_kv_dtype(gpu) if args.kv_dtype == "auto" else KvDtype(args.kv_dtype)
     reserve = RuntimeReserve(gib=args.reserve_gib)
     if args.tp == "auto":
         tp = smallest_tensor_parallel(arch, gpu, args.context, recipe, kv, reserve, args.gpus_per_node,

@@ -57,6 +57,10 @@ class GpuProfile(BaseModel):
             return self.tflops[precision]
         return self.tflops[Precision.BF16]
 
+    def preferred_precision(self) -> Precision:
+        """The `auto` choice: NVFP4 where native (Blackwell), else FP8 where native (Hopper, Ada), else BF16."""
+        return next(p for p in (Precision.NVFP4, Precision.FP8, Precision.BF16) if self.runs_natively(p))
+
     def fallback_note(self, precision: Precision) -> str | None:
         """What serving engines do with a precision this GPU cannot compute in, or None if it can."""
         if self.runs_natively(precision):

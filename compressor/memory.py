@@ -76,6 +76,11 @@ def recipe_for(precision: Precision, arch: Architecture) -> QuantRecipe:
     return RECIPES[f"{precision.value}-mamba-moe" if arch.is_hybrid else precision.value]
 
 
+def preferred_kv_dtype(gpu: GpuProfile) -> KvDtype:
+    """The `auto` KV-cache dtype: FP8 where the GPU has FP8 math, else BF16."""
+    return KvDtype.FP8 if gpu.runs_natively(Precision.FP8) else KvDtype.BF16
+
+
 def block_weight_bytes(block: Block, hidden: int, recipe: QuantRecipe) -> float:
     return float(sum(count * recipe.bits_for(group) / 8 for group, count in block.params(hidden).items()))
 

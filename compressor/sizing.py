@@ -154,3 +154,31 @@ def smallest_tensor_parallel(arch: Architecture, gpu: GpuProfile, context: int, 
             return tp
         tp *= 2
     raise ValueError(f"{arch.name} does not fit one request of {context} tokens on {gpus_per_node} x {gpu.name}")
+
+
+class Published(BaseModel):
+    """A concurrency someone measured: `count` requests of `context` tokens on one GPU."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    arch: Architecture
+    gpu: GpuProfile
+    context: int
+    recipe: QuantRecipe
+    kv_dtype: KvDtype
+    count: int = Field(ge=0)
+
+
+def reserve_window(cases: list[Published]) -> tuple[float, float]:
+    """Reserves (bytes, low exclusive, high inclusive) for which every case gives exactly its count.
+
+    The window is empty (low >= high) when no single reserve reproduces all of them.
+    """
+    low, high = 0.0, float("inf")
+    for case in cases:
+        fp = footprint(case.arch, case.gpu, case.context, case.recipe, case.kv_dtype, RuntimeReserve(gib=0))
+        free = case.gpu.memory_bytes - fp.weights
+        low = max(low, free - (case.count + 1) * fp.per_request)  # one more request must not fit
+        high = min(high, free - case.count * fp.per_request)  # the published count must
+    return low, high
+

@@ -19,7 +19,15 @@ from tailor.compressor.memory import (
     state_bytes_per_request,
     weight_bytes,
 )
-from tailor.compressor.sizing import Binding, footprint, max_requests, size, smallest_tensor_parallel
+from tailor.compressor.sizing import (
+    Binding,
+    Published,
+    footprint,
+    max_requests,
+    reserve_window,
+    size,
+    smallest_tensor_parallel,
+)
 
 SUPER = load_architecture("nemotron-3-super-120b-a12b")
 PUZZLE = load_architecture("nemotron-3-puzzle-75b-a9b")
@@ -69,15 +77,19 @@ def test_published_h100_result_one_versus_eight_with_one_reserve() -> None:
 
 
 def test_the_default_reserve_lies_inside_the_window_the_published_pair_allows() -> None:
-    low, high = 0.0, float(H100.memory_bytes)
-    for arch, published in ((SUPER, 1), (PUZZLE, 8)):
-        fp = footprint(arch, H100, ONE_M, recipe_for(Precision.NVFP4, arch), KvDtype.FP8, RuntimeReserve(gib=0))
-        free = H100.memory_bytes - fp.weights
-        low = max(low, free - (published + 1) * fp.per_request)  # reserve must stop one more request
-        high = min(high, free - published * fp.per_request)  # and leave room for the published count
+    low, high = reserve_window([
+        Published(arch=arch, gpu=H100, context=ONE_M, recipe=recipe_for(Precision.NVFP4, arch),
+                  kv_dtype=KvDtype.FP8, count=count) for arch, count in ((SUPER, 1), (PUZZLE, 8))])
     assert low < RuntimeReserve().bytes <= high
     assert _h100_1m(SUPER, RuntimeReserve(gib=low / 1024**3 - 0.01)) == 2  # just below: Super fits 2
     assert _h100_1m(PUZZLE, RuntimeReserve(gib=high / 1024**3 + 0.01)) == 7  # just above: Puzzle fits 7
+
+
+def test_no_reserve_reproduces_the_pair_at_two_to_the_twenty_tokens() -> None:
+    low, high = reserve_window([
+        Published(arch=arch, gpu=H100, context=2**20, recipe=recipe_for(Precision.NVFP4, arch),
+                  kv_dtype=KvDtype.FP8, count=count) for arch, count in ((SUPER, 1), (PUZZLE, 8))])
+    assert low >= high
 
 
 def test_bigger_gpus_hold_more() -> None:
