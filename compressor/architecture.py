@@ -355,8 +355,8 @@ def _nemotron_nas_blocks(f: _Fields) -> list[Block]:
     blocks = []
     for index, _ in enumerate(f.items("block_configs", layers)):
         entry = f.section("block_configs", index).data
-        attention = _Fields(entry, f.source, f"block_configs[{index}].").section("attention")
-        ffn = _Fields(entry, f.source, f"block_configs[{index}].").section("ffn")
+        layer = _Fields(entry, f.source, f"block_configs[{index}].")
+        attention, ffn = layer.section("attention"), layer.section("ffn")
         mixer: Attention | Linear | NoOp
         if attention.flag("no_op", False):
             mixer = NoOp()

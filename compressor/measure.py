@@ -83,8 +83,8 @@ class _MambaStep(nn.Module):
         c = c.view(batch, p.n_groups, 1, p.state_size).repeat_interleave(heads_per_group, 1)
         dt = F.softplus(dt).view(batch, p.num_heads, 1, 1)
         xs = xs.view(batch, p.num_heads, p.head_dim, 1)
-        ssm_state.mul_(torch.exp(dt * self.a.view(1, -1, 1, 1))).add_(dt * xs * b)
-        y = (ssm_state @ c.transpose(-1, -2)).view(batch, p.inner)
+        ssm_state.mul_(torch.exp(dt * self.a.view(1, -1, 1, 1)).float()).add_((dt * xs * b).float())
+        y = (ssm_state @ c.float().transpose(-1, -2)).to(x.dtype).view(batch, p.inner)
         result: torch.Tensor = self.out_proj(y * F.silu(z))
         return result.unsqueeze(1)
 
@@ -152,7 +152,7 @@ def _runner(part: Part, hidden: int, work: Workload, dev: torch.device) -> Calla
         conv_state = torch.zeros(work.batch, part.conv_dim, part.conv_kernel, device=dev, dtype=DTYPE)
         ssm_state = torch.zeros(work.batch, part.num_heads, part.head_dim, part.state_size, device=dev,
                                 dtype=torch.float32)
-        return lambda: mamba(x, conv_state, ssm_state.to(DTYPE))
+        return lambda: mamba(x, conv_state, ssm_state)  # float32 state updated in place, as engines keep it
     module: nn.Module
     if isinstance(part, Mlp):
         module = _Mlp(hidden, part.intermediate_size, part.gated)
