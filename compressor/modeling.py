@@ -1,0 +1,270 @@
+"""The project's own modeling code for Llama-family parents and their heterogeneous Puzzle children.
+
+A model is built from an `Architecture` (the same description the cost model prices), so every block
+can have its own attention (any number of KV heads, a single linear map, or nothing) and its own FFN
+(any width, a linear map, or nothing). Parameter names follow Hugging Face Llama and DeciLM
+(`nemotron-nas`): `model.layers.{i}.self_attn.q_proj.weight`, `...self_attn.linear_attn.weight`,
+`...mlp.linear_mlp.weight`; a removed sub-layer has no parameters at all, its norm included.
+
+Each sub-layer is a residual branch, `x + op(norm(x))`: Puzzle's slots. `Decoder.slots()` lists them
+in order, which is what blockwise distillation, scoring and assembly iterate over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tailor.compressor.architecture import Architecture, Attention, Block, Linear, Mlp, NoOp, Part
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values of one attention op; `length` tokens are filled."""
+
+    keys: torch.Tensor  # [batch, kv_heads, capacity, head_dim]
+    values: torch.Tensor
+    length: int = 0
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (the `default` rope type), cos/sin computed per call."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        positions = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
+        angles = torch.outer(positions, self.inv_freq)
+        cos = torch.cat((angles, angles), -1).cos().to(x.dtype)
+        sin = torch.cat((angles, angles), -1).sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return x * cos + rotated * sin
+
+
+class SelfAttention(nn.Module):
+    """Causal grouped-query attention with rotary positions and an optional KV cache."""
+
+    def __init__(self, part: Attention, hidden: int, rope_theta: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = part.num_heads, part.num_kv_heads, part.head_dim
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.rotary = Rotary(self.head_dim, rope_theta)
+
+    def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
+        shape = (batch, self.kv_heads, capacity, self.head_dim)
+        return KVCache(like.new_zeros(shape), like.new_zeros(shape))
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        start = cache.length if cache is not None else 0
+        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rotary(q, start), self.rotary(k, start)
+        if cache is not None:
+            if start and tokens > 1:
+                raise ValueError("a cached attention call takes one prompt from position 0 or one token at a time")
+            cache.keys[:, :, start:start + tokens] = k
+            cache.values[:, :, start:start + tokens] = v
+            cache.length = start + tokens
+            k, v = cache.keys[:, :, :cache.length], cache.values[:, :, :cache.length]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=tokens > 1, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+
+
+class LinearAttention(nn.Module):
+    """Attention replaced by one linear map: each token attends only to itself."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear_attn = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.linear_attn(x)
+
+
+class GatedMlp(nn.Module):
+    """SwiGLU feed-forward network."""
+
+    def __init__(self, hidden: int, width: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LinearMlp(nn.Module):
+    """FFN replaced by one linear map."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear_mlp = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_mlp(x)
+
+
+def build_mixer(part: Part, hidden: int, rope_theta: float) -> nn.Module | None:
+    if isinstance(part, Attention):
+        return SelfAttention(part, hidden, rope_theta)
+    if isinstance(part, Linear):
+        return LinearAttention(hidden)
+    if isinstance(part, NoOp):
+        return None
+    raise ValueError(f"the Llama-family modeling has no {part.kind} mixer (attention, linear or noop)")
+
+
+def build_ffn(part: Part, hidden: int) -> nn.Module | None:
+    if isinstance(part, Mlp) and part.gated:
+        return GatedMlp(hidden, part.intermediate_size)
+    if isinstance(part, Linear):
+        return LinearMlp(hidden)
+    if isinstance(part, NoOp):
+        return None
+    raise ValueError(f"the Llama-family modeling has no {part.kind} FFN (gated mlp, linear or noop)")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What a config.json says beyond the block structure."""
+
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+
+Branch = tuple[nn.Module, nn.Module] | None  # (norm, op) of a residual branch; None when removed
+
+
+def residual(branch: Branch, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    """`x + op(norm(x))`, or `x` itself for a removed branch."""
+    if branch is None:
+        return x
+    norm, op = branch
+    return x + (op(norm(x), cache) if isinstance(op, SelfAttention | LinearAttention) else op(norm(x)))
+
+
+def build_branch(kind: str, part: Part, hidden: int, settings: ModelSettings) -> Branch:
+    """A fresh (norm, op) for `part` in an attention or FFN slot."""
+    op = build_mixer(part, hidden, settings.rope_theta) if kind == "attention" else build_ffn(part, hidden)
+    return None if op is None else (RMSNorm(hidden, settings.rms_norm_eps), op)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One residual branch `x + op(norm(x))`: the unit Puzzle replaces."""
+
+    index: int  # position in Decoder.slots()
+    layer: int
+    kind: str  # "attention" or "ffn"
+    part: Part
+
+
+class Layer(nn.Module):
+    """A decoder layer whose attention and FFN are each optional."""
+
+    def __init__(self, block: Block, hidden: int, eps: float, rope_theta: float) -> None:
+        super().__init__()
+        assert block.mixer is not None and block.ffn is not None
+        self.block = block
+        self.self_attn = build_mixer(block.mixer, hidden, rope_theta)
+        self.input_layernorm = RMSNorm(hidden, eps) if self.self_attn is not None else None
+        self.mlp = build_ffn(block.ffn, hidden)
+        self.post_attention_layernorm = RMSNorm(hidden, eps) if self.mlp is not None else None
+
+    def branch(self, kind: str) -> Branch:
+        """(norm, op) of the attention or FFN branch; None where it was removed."""
+        norm, op = (self.input_layernorm, self.self_attn) if kind == "attention" else \
+            (self.post_attention_layernorm, self.mlp)
+        return None if op is None or norm is None else (norm, op)
+
+    def run_branch(self, kind: str, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return residual(self.branch(kind), x, cache)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.run_branch("ffn", self.run_branch("attention", x, cache))
+
+
+class Inner(nn.Module):
+    def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(Layer(block, arch.hidden_size, settings.rms_norm_eps, settings.rope_theta)
+                                    for block in arch.blocks)
+        self.norm = RMSNorm(arch.hidden_size, settings.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """A causal language model, one `Layer` per block of its `Architecture`."""
+
+    def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
+        super().__init__()
+        self.arch, self.settings = arch, settings
+        self.model = Inner(arch, settings)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def slots(self) -> list[Slot]:
+        out = []
+        for layer, block in enumerate(self.arch.blocks):
+            for kind, part in (("attention", block.mixer), ("ffn", block.ffn)):
+                assert part is not None
+                out.append(Slot(len(out), layer, kind, part))
+        return out
+
+    def layer(self, slot: Slot) -> Layer:
+        layer = self.model.layers[slot.layer]
+        assert isinstance(layer, Layer)
+        return layer
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def run_slots(self, x: torch.Tensor, start: int = 0, stop: int | None = None,
+                  caches: list[KVCache | None] | None = None) -> torch.Tensor:
+        """The residual stream through slots [start, stop)."""
+        for slot in self.slots()[start:stop]:
+            cache = caches[slot.layer] if caches is not None else None
+            x = self.layer(slot).run_branch(slot.kind, x, cache)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model.norm(x))
+
+    def forward(self, ids: torch.Tensor, caches: list[KVCache | None] | None = None) -> torch.Tensor:
+        return self.head(self.run_slots(self.embed(ids), caches=caches))
+
+    def new_caches(self, batch: int, capacity: int) -> list[KVCache | None]:
+        like = self.model.embed_tokens.weight
+        caches: list[KVCache | None] = []
+        for layer in self.model.layers:
+            attention = layer.self_attn
+            caches.append(attention.new_cache(batch, capacity, like) if isinstance(attention, SelfAttention)
+                          else None)
+        return caches

@@ -1,0 +1,61 @@
+"""Quality and speed of a model against its parent, with one harness for every model compared.
+
+- quality: perplexity and KL(parent || model) of next-token distributions on held-out sequences;
+- speed: greedy decoding with the KV cache, `batch` requests after a `context`-token prompt, timed
+  over `new_tokens` steps (median of `repeats` runs) in BF16, the dtype the costs are measured in.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel
+
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle.scoring import kl_and_loss
+
+
+class Quality(BaseModel):
+    perplexity: float
+    lm_loss: float
+    kl: float  # vs the reference model, nats per token
+
+
+@torch.no_grad()
+def quality(model: Decoder, reference: Decoder, ids: torch.Tensor, batch: int = 8) -> Quality:
+    kls, losses = [], []
+    for i in range(0, ids.shape[0], batch):
+        chunk = ids[i:i + batch]
+        kl, loss = kl_and_loss(F.log_softmax(reference(chunk).float(), -1), model(chunk), chunk)
+        kls.append(kl * chunk.shape[0])
+        losses.append(loss * chunk.shape[0])
+    n = ids.shape[0]
+    return Quality(perplexity=math.exp(sum(losses) / n), lm_loss=sum(losses) / n, kl=sum(kls) / n)
+
+
+@torch.no_grad()
+def decode_tokens_per_second(model: Decoder, batch: int, context: int, new_tokens: int, repeats: int = 3,
+                             seed: int = 0) -> float:
+    """Generated tokens per second over all `batch` requests, prompt processing excluded."""
+    runner = copy.deepcopy(model).to(torch.bfloat16).eval()
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.arch.vocab_size, (batch, context), generator=generator)
+    device = runner.model.embed_tokens.weight.device
+    samples = []
+    for _ in range(repeats):
+        caches = runner.new_caches(batch, context + new_tokens)
+        token = runner(prompt.to(device), caches)[:, -1:].argmax(-1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for _ in range(new_tokens):
+            token = runner(token, caches)[:, -1:].argmax(-1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(batch * new_tokens / (time.perf_counter() - started))
+    return statistics.median(samples)

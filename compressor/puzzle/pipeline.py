@@ -1,0 +1,289 @@
+"""`tailor compress`: the Puzzle pipeline, stage by stage, resumable from what each stage saved.
+
+    out/stages/manifest.json          fingerprint of the plan and the parent; a resume must match it
+    out/stages/round{r}/library.json  1. variants per slot
+    out/stages/round{r}/bld/          2. one safetensors file per trained variant
+    out/stages/round{r}/scores.json   3. replace-1-block KL and LM loss per variant
+    out/stages/round{r}/costs.json    4. cost of every variant on the target
+    out/stages/round{r}/search.json   5. the MIP's solutions
+    out/stages/round{r}/child/        6.+7. the assembled child after GKD (input of round r+1)
+    out/child/, out/pareto.{json,png}, out/report.{json,md}   written last; report.json marks a finished run
+
+Rank 0 of a torchrun job does everything except BLD, which all ranks share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tailor.compressor import sources
+from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, save_decoder
+from tailor.compressor.files import write_json, write_text
+from tailor.compressor.memory import recipe_for, weight_bytes
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle import gkd, parallel
+from tailor.compressor.puzzle.assembly import assemble
+from tailor.compressor.puzzle.bld import run_bld
+from tailor.compressor.puzzle.data import Splits, load_splits
+from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
+from tailor.compressor.puzzle.library import Variant, slot_variants
+from tailor.compressor.puzzle.plan import Plan, Target
+from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
+from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
+from tailor.compressor.puzzle.scoring import Score, score_variants
+from tailor.compressor.puzzle.search import Candidate, limits_for, pareto, solve
+
+
+class Log:
+    """Stage logs on stderr with elapsed time, and seconds per stage for the report."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, message: str) -> None:
+        rank, world = parallel.rank_world()
+        prefix = f"[{time.monotonic() - self.started:7.1f}s]" + (f" rank {rank}" if world > 1 else "")
+        print(f"{prefix} {message}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self(f"{name}: start")
+        begin = time.monotonic()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - begin
+        self(f"{name}: done in {time.monotonic() - begin:.1f}s")
+
+
+def resolve_parent(name: str) -> Path:
+    if name == sources.PARENT_NAME:
+        return sources.fetch_parent()
+    return Path(name)
+
+
+def fingerprint(plan: Plan, parent: Path) -> str:
+    """What every saved stage depends on: the plan and the parent's config and weight files."""
+    digest = hashlib.sha256(plan.model_dump_json().encode())
+    digest.update(json.dumps(read_config(parent), sort_keys=True).encode())
+    for weights in sorted(parent.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _check_manifest(stages: Path, plan: Plan, parent: Path) -> None:
+    manifest = stages / "manifest.json"
+    expected = {"fingerprint": fingerprint(plan, parent), "parent": str(parent)}
+    if manifest.exists():
+        found = _read_json(manifest)
+        if found.get("fingerprint") != expected["fingerprint"]:
+            raise CheckpointError(f"{manifest}: these saved stages were made by a different plan or parent "
+                                  f"({found.get('fingerprint')} != {expected['fingerprint']}); use a new --out "
+                                  "or delete the folder")
+    elif parallel.is_main():
+        write_json(manifest, expected)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: corrupt saved stage ({error}); delete it to recompute that stage") from error
+
+
+def _figures(model: Decoder, parent: Decoder, splits: Splits, plan: Plan) -> ModelFigures:
+    arch = model.arch
+    target = plan.target
+    return ModelFigures(
+        params=arch.total_params, active_params=arch.active_param_count,
+        weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
+        quality=quality(model, parent, splits.evaluation),
+        decode_tokens_per_second=decode_tokens_per_second(model, target.batch, target.context, plan.measure_tokens))
+
+
+class Round:
+    """One Puzzle round on the current model: library, BLD, scores, costs, search, assembly, GKD."""
+
+    def __init__(self, plan: Plan, number: int, target: Target, folder: Path, log: Log) -> None:
+        self.plan, self.number, self.target, self.folder, self.log = plan, number, target, folder, log
+
+    def _stage(self, name: str) -> Any:
+        return self.log.stage(f"round{self.number}.{name}")
+
+    def library(self, current: Decoder, parent: Decoder) -> list[list[Variant]]:
+        parent_parts = [slot.part for slot in parent.slots()]
+        with self._stage("library"):
+            variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library) for slot in current.slots()]
+            if parallel.is_main():
+                write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])
+        return variants
+
+    def scores(self, current: Decoder, variants: list[list[Variant]], branches: Any, splits: Splits) -> dict[str, Score]:
+        path = self.folder / "scores.json"
+        known = {k: Score.model_validate(v) for k, v in _read_json(path).items()} if path.exists() else {}
+        with self._stage("scoring"):
+            scores = score_variants(current, variants, branches, splits.scoring, known, self.log)
+            write_json(path, {k: v.model_dump() for k, v in scores.items()})
+        return scores
+
+    def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
+        path = self.folder / "costs.json"
+        if path.exists():
+            return {k: Price.model_validate(v) for k, v in _read_json(path).items()}
+        with self._stage("costs"):
+            prices = {f"{v.slot}:{v.label}": pricer.price(v.part, v.kind) for options in variants for v in options}
+            write_json(path, {k: v.model_dump() for k, v in prices.items()})
+        return prices
+
+    def search(self, variants: list[list[Variant]], scores: dict[str, Score], prices: dict[str, Price],
+               fixed: Price, parent_price: Price) -> tuple[list[Variant], dict[str, Any], list[list[Candidate]]]:
+        candidates = [[Candidate(slot=v.slot, label=v.label, score=scores[f"{v.slot}:{v.label}"].kl,
+                                 price=prices[f"{v.slot}:{v.label}"]) for v in options] for options in variants]
+        with self._stage("search"):
+            found = solve(candidates, fixed, self.target, limits_for(self.target, parent_price),
+                          self.plan.solutions, self.plan.diversity)
+            write_json(self.folder / "search.json", [s.model_dump() for s in found])
+        best = found[0]
+        chosen = [next(v for v in options if v.label == label) for options, label in zip(variants, best.labels,
+                                                                                         strict=True)]
+        summary = {"achieved": best.achieved, "score": best.score, "alternatives": [s.score for s in found[1:]],
+                   "totals": best.totals}
+        return chosen, summary, candidates
+
+
+def _parent_price(pricer: Pricer, parent: Decoder) -> Price:
+    fixed = pricer.fixed()
+    parts = [pricer.price(slot.part, slot.kind) for slot in parent.slots()]
+    return Price(decode_s=fixed.decode_s + sum(p.decode_s for p in parts),
+                 prefill_s=fixed.prefill_s + sum(p.prefill_s for p in parts),
+                 weight_bytes=fixed.weight_bytes + sum(p.weight_bytes for p in parts),
+                 kv_bytes_per_token=sum(p.kv_bytes_per_token for p in parts),
+                 params=fixed.params + sum(p.params for p in parts))
+
+
+def compress(plan: Plan, out: Path) -> Report:
+    """Run (or resume) the whole pipeline into `out`; returns the report (rank 0) after writing it."""
+    parallel.init()
+    log = Log()
+    torch.manual_seed(plan.seed)
+    device = torch.device("cuda" if plan.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if plan.device == "auto" else plan.device)
+    parent_dir = resolve_parent(plan.parent)
+    stages = out / "stages"
+    with log.stage("load"):
+        parent = load_decoder(parent_dir).to(device).eval()
+        _check_manifest(stages, plan, parent_dir)
+        from transformers import AutoTokenizer
+
+        splits = load_splits(plan, AutoTokenizer.from_pretrained(parent_dir))
+        splits = Splits(*(t.to(device) for t in (splits.train, splits.scoring, splits.evaluation)))
+        log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
+    source = resolve_source(plan.target, on_cpu=device.type == "cpu")
+    pricer = Pricer(parent.arch, plan.target, source)
+    with log.stage("costs.parent"):
+        fixed, parent_price = pricer.fixed(), _parent_price(pricer, parent)
+    parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
+    current, rounds, candidates = parent, [], []
+    bld_rows = max(1, min(splits.train.shape[0], -(-plan.bld_activation_tokens // plan.data.seq_len)))
+    for number, target in enumerate(plan.round_targets(parent_memory_gib), 1):
+        folder = stages / f"round{number}"
+        step = Round(plan, number, target, folder, log)
+        finished = folder / "child"
+        variants = step.library(current, parent)
+        if (finished / "config.json").exists() and (folder / "round.json").exists():
+            log(f"round {number}: resuming from {finished}")
+            current = load_decoder(finished).to(device).eval()
+            rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
+            continue
+        with log.stage(f"round{number}.bld"):
+            branches, nmse = run_bld(current, variants, splits.train[:bld_rows], plan.bld, folder / "bld", plan.seed,
+                                     log)
+        if parallel.is_main():
+            scores = step.scores(current, variants, branches, splits)
+            prices = step.costs(pricer, variants)
+            chosen, summary, candidates = step.search(variants, scores, prices, fixed, parent_price)
+            with log.stage(f"round{number}.assembly"):
+                child = assemble(current, chosen, branches)
+            budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
+            with log.stage(f"round{number}.gkd"):
+                losses = gkd.distill(child, parent, splits.train, budget, plan.seed + number, log)
+            summary_model = RoundSummary(
+                round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params"}),
+                achieved=summary["achieved"], score=summary["score"], alternatives=summary["alternatives"],
+                gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
+                bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)
+            save_decoder(child, finished, parent_dir)
+            write_json(folder / "round.json", summary_model.model_dump())
+        parallel.barrier()
+        current = load_decoder(finished).to(device).eval()
+        rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
+    if not parallel.is_main():
+        parallel.finish()
+        return Report.model_construct()
+    report = _finish(plan, out, parent, current, parent_dir, splits, pricer, fixed, parent_price, candidates,
+                     rounds, log, source.value)
+    parallel.finish()
+    return report
+
+
+def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: Path, splits: Splits, pricer: Pricer,
+            fixed: Price, parent_price: Price, candidates: list[list[Candidate]], rounds: list[RoundSummary],
+            log: Log, cost_source: str) -> Report:
+    with log.stage("evaluation"):
+        parent_figures = _figures(parent, parent, splits, plan)
+        child_figures = _figures(child, parent, splits, plan)
+        child_price = _parent_price(pricer, child)
+    if candidates:
+        with log.stage("pareto"):
+            front = pareto(candidates, fixed, plan.target, parent_price)
+            write_json(out / "pareto.json", front)
+            _plot_pareto(front, out / "pareto.png", rounds[-1] if rounds else None, parent_price, child_price)
+    save_decoder(child, out / "child", parent_dir)
+    report = Report(
+        plan=plan.model_dump(mode="json", by_alias=True), parent=parent_figures, child=child_figures,
+        cost_source=cost_source, predicted_speedup=parent_price.decode_s / child_price.decode_s,
+        measured_speedup=child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
+        kl_to_parent=child_figures.quality.kl,
+        perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
+        blocks=[{"attention": b.mixer.code if b.mixer else "", "ffn": _describe(b.ffn)} for b in child.arch.blocks],
+        rounds=rounds, stage_seconds=log.seconds, wall_seconds=time.monotonic() - log.started)
+    write_text(out / "report.md", report.markdown())
+    write_json(out / "report.json", report.model_dump(mode="json"))
+    log(f"report: {out / 'report.md'}")
+    return report
+
+
+def _describe(part: Any) -> str:
+    return part.model_dump_json(exclude={"kind"}) if part is not None else ""
+
+
+def _plot_pareto(front: list[dict[str, float]], path: Path, last: RoundSummary | None, parent: Price,
+                 child: Price) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot([p["throughput"] for p in front], [p["kl"] for p in front], "o-", label="MIP optimum per target")
+    if last is not None:
+        axes.plot([parent.decode_s / child.decode_s], [last.score], "r*", markersize=14, label="chosen child")
+    axes.set_xlabel("predicted decode speed-up vs parent")
+    axes.set_ylabel("sum of replace-1-block KL (nats/token)")
+    axes.set_title("Quality vs throughput (last round's library)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    partial = path.with_name(f".{path.name}.partial.png")
+    figure.savefig(partial, dpi=120)
+    plt.close(figure)
+    partial.replace(path)

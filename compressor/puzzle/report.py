@@ -1,0 +1,67 @@
+"""The run's report: `report.json` (this model) and a short Markdown summary, written last."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from tailor.compressor.puzzle.evaluate import Quality
+
+
+class ModelFigures(BaseModel):
+    params: int
+    active_params: int
+    weight_bytes: int  # under the target precision's recipe
+    pattern: str  # one code per sub-layer: * attention, - FFN, L linear, 0 removed
+    quality: Quality
+    decode_tokens_per_second: float
+
+
+class RoundSummary(BaseModel):
+    round: int
+    target: dict[str, float | None]
+    achieved: dict[str, str]
+    score: float  # sum of the chosen variants' replace-1-block KLs
+    alternatives: list[float]  # scores of the further distinct solutions
+    gkd_loss_first: float
+    gkd_loss_last: float
+    bld_nmse_median: float
+
+
+class Report(BaseModel):
+    plan: dict[str, object]
+    parent: ModelFigures
+    child: ModelFigures
+    cost_source: str
+    predicted_speedup: float  # decode, from the search's cost model
+    measured_speedup: float  # decode, same harness for both
+    kl_to_parent: float
+    perplexity_ratio: float
+    blocks: list[dict[str, str]]  # per layer: attention and FFN choice
+    rounds: list[RoundSummary]
+    stage_seconds: dict[str, float]
+    wall_seconds: float
+
+    def markdown(self) -> str:
+        p, c = self.parent, self.child
+        lines = [
+            "# Compression report", "",
+            "| | parent | child | child / parent |", "| --- | --- | --- | --- |",
+            f"| parameters | {p.params:,} | {c.params:,} | {c.params / p.params:.3f} |",
+            f"| active parameters | {p.active_params:,} | {c.active_params:,} | {c.active_params / p.active_params:.3f} |",
+            f"| weight bytes | {p.weight_bytes:,} | {c.weight_bytes:,} | {c.weight_bytes / p.weight_bytes:.3f} |",
+            f"| held-out perplexity | {p.quality.perplexity:.3f} | {c.quality.perplexity:.3f} | "
+            f"{self.perplexity_ratio:.3f} |",
+            f"| decode tokens/s (measured) | {p.decode_tokens_per_second:.1f} | {c.decode_tokens_per_second:.1f} | "
+            f"{self.measured_speedup:.3f} |", "",
+            f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
+            f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
+            f"Pattern (attention, FFN per layer; L linear, 0 removed): `{c.pattern}`", "",
+            "| round | achieved | score | GKD loss first -> last |", "| --- | --- | --- | --- |",
+        ]
+        for r in self.rounds:
+            achieved = ", ".join(f"{k} {v}" for k, v in r.achieved.items())
+            lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f} |")
+        lines += ["", "| stage | seconds |", "| --- | --- |"]
+        lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
+        lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]
+        return "\n".join(lines)

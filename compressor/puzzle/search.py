@@ -1,0 +1,178 @@
+"""Stage 5, search: the mixed-integer program that picks one variant per slot, solved exactly by HiGHS.
+
+    minimise   sum_ij score_ij x_ij                       (replace-1-block KL: lower is better)
+    subject to sum_j x_ij = 1                             for every slot i
+               fixed_r + sum_ij cost_r(ij) x_ij <= limit_r for every limit r (decode and prefill time,
+                                                          memory, parameters)
+               sum_{ij in y} x_ij <= floor(diversity * slots) for every earlier solution y
+
+An infeasible target names the limit that cannot be met and the best value the library reaches.
+`pareto` sweeps the throughput target to draw quality against predicted speed. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from pydantic import BaseModel
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from tailor.compressor.puzzle.plan import Target
+from tailor.compressor.puzzle.pricing import Price
+
+
+class InfeasibleTarget(ValueError):
+    """No child in the library meets the target; the message says which limit and what is reachable."""
+
+
+class Candidate(BaseModel):
+    slot: int
+    label: str
+    score: float
+    price: Price
+
+
+class Limit(BaseModel):
+    """One linear constraint in the user's terms: `field` of the plan, the parent's total, the limit."""
+
+    field: str
+    resource: str  # decode_s | prefill_s | memory | params
+    limit: float
+    parent_total: float
+    higher_is_better: bool  # throughput and latency are ratios where more is better
+
+    def amount(self, price: Price, target: Target) -> float:
+        if self.resource == "memory":
+            return price.memory_bytes(target)
+        return float(getattr(price, self.resource))
+
+    def describe(self, total: float) -> str:
+        """A total in the plan's units: a speed-up ratio, GiB, or a share of the parent's parameters."""
+        if self.resource in ("decode_s", "prefill_s"):
+            return f"{self.parent_total / total:.3f}x"
+        if self.resource == "memory":
+            return f"{total / 2**30:.3f} GiB"
+        return f"{total / self.parent_total:.3f} of the parent's parameters"
+
+
+def limits_for(target: Target, parent: Price) -> list[Limit]:
+    """The plan's targets as limits on totals, given the parent's totals (fixed part included)."""
+    out = []
+    if target.throughput is not None:
+        out.append(Limit(field="target.throughput", resource="decode_s", limit=parent.decode_s / target.throughput,
+                         parent_total=parent.decode_s, higher_is_better=True))
+    if target.latency is not None:
+        out.append(Limit(field="target.latency", resource="prefill_s", limit=parent.prefill_s / target.latency,
+                         parent_total=parent.prefill_s, higher_is_better=True))
+    if target.memory_gib is not None:
+        out.append(Limit(field="target.memoryGiB", resource="memory", limit=target.memory_gib * 2**30,
+                         parent_total=parent.memory_bytes(target), higher_is_better=False))
+    if target.params is not None:
+        out.append(Limit(field="target.params", resource="params", limit=target.params * parent.params,
+                         parent_total=parent.params, higher_is_better=False))
+    return out
+
+
+class Solution(BaseModel):
+    labels: list[str]  # the chosen variant of every slot
+    score: float  # sum of replace-1-block KLs
+    totals: dict[str, float]  # resource -> total, fixed part included
+    achieved: dict[str, str]  # plan field -> value in the plan's units
+
+
+def _totals(chosen: list[Candidate], fixed: Price, target: Target) -> dict[str, float]:
+    total = {"decode_s": fixed.decode_s, "prefill_s": fixed.prefill_s, "memory": fixed.memory_bytes(target),
+             "params": float(fixed.params)}
+    for c in chosen:
+        total["decode_s"] += c.price.decode_s
+        total["prefill_s"] += c.price.prefill_s
+        total["memory"] += c.price.memory_bytes(target)
+        total["params"] += c.price.params
+    return total
+
+
+def _milp(slots: list[list[Candidate]], fixed: Price, target: Target, limits: list[Limit],
+          objective: Callable[[Candidate], float], exclude: list[list[str]],
+          diversity: float) -> list[Candidate] | None:
+    positions = [i for i, options in enumerate(slots) for _ in options]
+    flat = [c for options in slots for c in options]
+    n = len(flat)
+    rows, lower, upper = [], [], []
+    start = 0
+    for options in slots:
+        row = np.zeros(n)
+        row[start:start + len(options)] = 1
+        rows.append(row)
+        lower.append(1)
+        upper.append(1)
+        start += len(options)
+    fixed_totals = _totals([], fixed, target)
+    for limit in limits:
+        rows.append(np.array([limit.amount(c.price, target) for c in flat]))
+        lower.append(-np.inf)
+        upper.append(limit.limit - fixed_totals[limit.resource])
+    shared = math.floor(diversity * len(slots))
+    for labels in exclude:
+        rows.append(np.array([1.0 if labels[i] == c.label else 0.0 for i, c in zip(positions, flat, strict=True)]))
+        lower.append(-np.inf)
+        upper.append(shared)
+    result = milp(c=np.array([objective(c) for c in flat]), integrality=np.ones(n), bounds=Bounds(0, 1),
+                  constraints=LinearConstraint(np.array(rows), lower, upper))
+    if result.status != 0 or result.x is None:
+        return None
+    return [c for c, x in zip(flat, result.x, strict=True) if x > 0.5]
+
+
+def _diagnose(slots: list[list[Candidate]], fixed: Price, target: Target, limits: list[Limit]) -> str:
+    """Which limit fails: alone (the best the library reaches) or only together with the others."""
+    problems = []
+    for limit in limits:
+        best = fixed.memory_bytes(target) if limit.resource == "memory" else float(getattr(
+            fixed, limit.resource))
+        best += sum(min(limit.amount(c.price, target) for c in options) for options in slots)
+        if best > limit.limit:
+            problems.append(f"{limit.field} cannot be met: the best child in the library reaches "
+                            f"{limit.describe(best)} (asked for {limit.describe(limit.limit)})")
+    if problems:
+        return "; ".join(problems)
+    first, others = limits[0], limits[1:]
+    best_under_others = _milp(slots, fixed, target, others, lambda c: first.amount(c.price, target), [], 1.0)
+    if best_under_others is None:
+        return "the limits cannot be met together"
+    reached = _totals(best_under_others, fixed, target)[first.resource]
+    return (f"{first.field} cannot be met together with {', '.join(x.field for x in others)}: under those the "
+            f"best child reaches {first.describe(reached)} (asked for {first.describe(first.limit)})")
+
+
+def solve(slots: list[list[Candidate]], fixed: Price, target: Target, limits: list[Limit], solutions: int = 1,
+          diversity: float = 0.8) -> list[Solution]:
+    """Up to `solutions` distinct optimal children, best first; InfeasibleTarget when there is none."""
+    found: list[Solution] = []
+    while len(found) < solutions:
+        chosen = _milp(slots, fixed, target, limits, lambda c: c.score, [s.labels for s in found], diversity)
+        if chosen is None:
+            if not found:
+                raise InfeasibleTarget(_diagnose(slots, fixed, target, limits))
+            break
+        totals = _totals(chosen, fixed, target)
+        found.append(Solution(labels=[c.label for c in chosen], score=sum(c.score for c in chosen), totals=totals,
+                              achieved={limit.field: limit.describe(totals[limit.resource]) for limit in limits}))
+    return found
+
+
+def pareto(slots: list[list[Candidate]], fixed: Price, target: Target, parent: Price,
+           points: int = 12) -> list[dict[str, float]]:
+    """Best score at evenly spaced decode speed-ups from 1x to the fastest child the library allows."""
+    fastest = fixed.decode_s + sum(min(c.price.decode_s for c in options) for options in slots)
+    top = parent.decode_s / fastest
+    front = []
+    for step in range(points):
+        ratio = 1.0 + (top - 1.0) * step / (points - 1)
+        swept = target.model_copy(update={"throughput": ratio * (1 - 1e-9), "latency": None, "memory_gib": None,
+                                          "params": None})
+        best = solve(slots, fixed, swept, limits_for(swept, parent))[0]
+        front.append({"throughput": parent.decode_s / best.totals["decode_s"], "kl": best.score,
+                      "params": best.totals["params"] / parent.params})
+    return front
