@@ -10,7 +10,8 @@ from typing import Any
 EXAMPLES = """examples:
   tailor data fetch                                   # SmolLM2-135M and Shakespeare into ~/.cache/tailor
   tailor compress --config examples/plans/smollm2-cpu.yaml --out runs/smollm2
-  torchrun --nproc-per-node 2 -m tailor.cli.main compress --config plan.yaml --out runs/x   # BLD over 2 ranks
+  # BLD shared by two processes (gloo on CPU, nccl on GPUs):
+  torchrun --standalone --nproc-per-node 2 -m tailor.cli.main compress --config plan.yaml --out runs/x
   tailor compress --config plan.yaml --out runs/x --json   # the report on stdout
 
 A killed run resumes from its saved stages when started again with the same --out; report.json is

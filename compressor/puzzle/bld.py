@@ -130,7 +130,7 @@ def run_bld(model: Decoder, variants: list[list[Variant]], sequences: torch.Tens
         save_branch(path, branch, loss)
         elapsed = time.monotonic() - started
         eta = elapsed / done * (len(mine) - done)
-        progress(f"bld rank {rank}/{world}: {done}/{len(mine)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
+        progress(f"bld: {done}/{len(mine)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
                  f"{variant.label}: nmse {loss:.4f}, eta {eta:.0f}s")
     parallel.barrier()
     branches: dict[tuple[int, str], Branch] = {}

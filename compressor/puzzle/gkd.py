@@ -60,7 +60,7 @@ def distill(child: Decoder, parent: Decoder, train: torch.Tensor, budget: Traini
         torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
         optimiser.step()
         schedule.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % 5 == 0 or step == steps:
             eta = (time.monotonic() - started) / step * (steps - step)
             progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "

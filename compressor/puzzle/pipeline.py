@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -71,25 +72,42 @@ def resolve_parent(name: str) -> Path:
     return Path(name)
 
 
-def fingerprint(plan: Plan, parent: Path) -> str:
-    """What every saved stage depends on: the plan and the parent's config and weight files."""
-    digest = hashlib.sha256(plan.model_dump_json().encode())
-    digest.update(json.dumps(read_config(parent), sort_keys=True).encode())
+LIBRARY_FIELDS = {"parent", "data", "library", "bld", "bld_activation_tokens", "scoring_tokens", "seed"}
+
+
+def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
+    """What the saved stages depend on. `library`: the parent's config and weight files and the plan's
+    parent, data, library, BLD and scoring fields (stages 1-3 of round 1). `target`: everything else."""
+    base = hashlib.sha256(json.dumps(read_config(parent), sort_keys=True).encode())
     for weights in sorted(parent.glob("*.safetensors")):
-        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
-    return digest.hexdigest()[:16]
+        base.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    library = base.copy()
+    library.update(plan.model_dump_json(include=LIBRARY_FIELDS).encode())
+    target = hashlib.sha256(plan.model_dump_json(exclude=LIBRARY_FIELDS).encode())
+    return {"library": library.hexdigest()[:16], "target": target.hexdigest()[:16]}
 
 
-def _check_manifest(stages: Path, plan: Plan, parent: Path) -> None:
+def _check_manifest(stages: Path, plan: Plan, parent: Path, log: Log) -> None:
+    """Refuse stages made for another parent or library; drop the target-dependent ones if only the target
+    changed (round 1's costs, search and child, and every later round), so a new target reuses BLD and scores."""
     manifest = stages / "manifest.json"
-    expected = {"fingerprint": fingerprint(plan, parent), "parent": str(parent)}
+    expected = {**fingerprints(plan, parent), "parent": str(parent)}
     if manifest.exists():
         found = _read_json(manifest)
-        if found.get("fingerprint") != expected["fingerprint"]:
-            raise CheckpointError(f"{manifest}: these saved stages were made by a different plan or parent "
-                                  f"({found.get('fingerprint')} != {expected['fingerprint']}); use a new --out "
-                                  "or delete the folder")
-    elif parallel.is_main():
+        if found.get("library") != expected["library"]:
+            raise CheckpointError(f"{manifest}: these saved stages were made by a different parent or library, "
+                                  f"data, BLD or scoring settings ({found.get('library')} != {expected['library']}); "
+                                  "use a new --out or delete the folder")
+        if found.get("target") != expected["target"] and parallel.is_main():
+            log("the target, GKD or search settings changed: recomputing costs, search, assembly and GKD")
+            for stale in ("costs.json", "search.json", "round.json"):
+                (stages / "round1" / stale).unlink(missing_ok=True)
+            shutil.rmtree(stages / "round1" / "child", ignore_errors=True)
+            for later in stages.glob("round*"):
+                if later.name != "round1":
+                    shutil.rmtree(later)
+    parallel.barrier()
+    if parallel.is_main():
         write_json(manifest, expected)
 
 
@@ -127,12 +145,14 @@ class Round:
                 write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])
         return variants
 
-    def scores(self, current: Decoder, variants: list[list[Variant]], branches: Any, splits: Splits) -> dict[str, Score]:
+    def scores(self, current: Decoder, variants: list[list[Variant]], branches: Any,
+               splits: Splits) -> dict[str, Score]:
         path = self.folder / "scores.json"
         known = {k: Score.model_validate(v) for k, v in _read_json(path).items()} if path.exists() else {}
         with self._stage("scoring"):
             scores = score_variants(current, variants, branches, splits.scoring, known, self.log)
-            write_json(path, {k: v.model_dump() for k, v in scores.items()})
+            if scores.keys() != known.keys():
+                write_json(path, {k: v.model_dump() for k, v in scores.items()})
         return scores
 
     def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
@@ -161,7 +181,7 @@ class Round:
 
 
 def _parent_price(pricer: Pricer, parent: Decoder) -> Price:
-    fixed = pricer.fixed()
+    fixed = pricer.fixed
     parts = [pricer.price(slot.part, slot.kind) for slot in parent.slots()]
     return Price(decode_s=fixed.decode_s + sum(p.decode_s for p in parts),
                  prefill_s=fixed.prefill_s + sum(p.prefill_s for p in parts),
@@ -181,7 +201,7 @@ def compress(plan: Plan, out: Path) -> Report:
     stages = out / "stages"
     with log.stage("load"):
         parent = load_decoder(parent_dir).to(device).eval()
-        _check_manifest(stages, plan, parent_dir)
+        _check_manifest(stages, plan, parent_dir, log)
         from transformers import AutoTokenizer
 
         splits = load_splits(plan, AutoTokenizer.from_pretrained(parent_dir))
@@ -190,7 +210,7 @@ def compress(plan: Plan, out: Path) -> Report:
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
     pricer = Pricer(parent.arch, plan.target, source)
     with log.stage("costs.parent"):
-        fixed, parent_price = pricer.fixed(), _parent_price(pricer, parent)
+        fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
     parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
     current, rounds, candidates = parent, [], []
     bld_rows = max(1, min(splits.train.shape[0], -(-plan.bld_activation_tokens // plan.data.seq_len)))

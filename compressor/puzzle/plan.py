@@ -40,7 +40,8 @@ class Target(_Spec):
     context: int = Field(1024, gt=0, description="Tokens in the KV cache for decode; prompt length for prefill.")
     throughput: float | None = Field(None, ge=1.0, description="Decode tokens/s at least this multiple of the parent.")
     latency: float | None = Field(None, ge=1.0, description="Prefill (time to first token) this many times faster.")
-    memory_gib: float | None = Field(None, gt=0, description="Weights plus KV cache of `batch` requests, per GPU.")
+    memory_gib: float | None = Field(None, gt=0, alias="memoryGiB",
+                                     description="Weights plus KV cache of `batch` requests, per GPU.")
     params: float | None = Field(None, gt=0, le=1.0, description="At most this share of the parent's parameters.")
     costs: CostSource = CostSource.AUTO
 

@@ -9,6 +9,8 @@ norm, LM head) is a fixed cost shared by every candidate. No torch is imported u
 
 from __future__ import annotations
 
+import functools
+
 from pydantic import BaseModel
 
 from tailor.compressor.architecture import Architecture, Attention, Block, Part
@@ -70,8 +72,9 @@ class Pricer:
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
                      params=int(sum(part.params(hidden).values())))
 
+    @functools.cached_property
     def fixed(self) -> Price:
-        """Embeddings, final norm and LM head: the whole model minus its blocks."""
+        """Embeddings, final norm and LM head: the whole model minus its blocks (measured once)."""
         arch, hidden = self.arch, self.arch.hidden_size
         blocks_bytes = sum(block_weight_bytes(block, hidden, self.recipe) for block in arch.blocks)
         blocks_params = sum(int(sum(block.params(hidden).values())) for block in arch.blocks)

@@ -47,7 +47,8 @@ class Report(BaseModel):
             "# Compression report", "",
             "| | parent | child | child / parent |", "| --- | --- | --- | --- |",
             f"| parameters | {p.params:,} | {c.params:,} | {c.params / p.params:.3f} |",
-            f"| active parameters | {p.active_params:,} | {c.active_params:,} | {c.active_params / p.active_params:.3f} |",
+            f"| active parameters | {p.active_params:,} | {c.active_params:,} | "
+            f"{c.active_params / p.active_params:.3f} |",
             f"| weight bytes | {p.weight_bytes:,} | {c.weight_bytes:,} | {c.weight_bytes / p.weight_bytes:.3f} |",
             f"| held-out perplexity | {p.quality.perplexity:.3f} | {c.quality.perplexity:.3f} | "
             f"{self.perplexity_ratio:.3f} |",
@@ -60,7 +61,8 @@ class Report(BaseModel):
         ]
         for r in self.rounds:
             achieved = ", ".join(f"{k} {v}" for k, v in r.achieved.items())
-            lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f} |")
+            losses = f"{r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f}"
+            lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {losses} |")
         lines += ["", "| stage | seconds |", "| --- | --- |"]
         lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
         lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]

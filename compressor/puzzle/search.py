@@ -109,10 +109,11 @@ def _milp(slots: list[list[Candidate]], fixed: Price, target: Target, limits: li
         upper.append(1)
         start += len(options)
     fixed_totals = _totals([], fixed, target)
-    for limit in limits:
-        rows.append(np.array([limit.amount(c.price, target) for c in flat]))
+    for limit in limits:  # scaled by the limit: HiGHS's feasibility tolerance is absolute (about 1e-7)
+        scale = abs(limit.limit) or 1.0
+        rows.append(np.array([limit.amount(c.price, target) for c in flat]) / scale)
         lower.append(-np.inf)
-        upper.append(limit.limit - fixed_totals[limit.resource])
+        upper.append((limit.limit - fixed_totals[limit.resource]) / scale)
     shared = math.floor(diversity * len(slots))
     for labels in exclude:
         rows.append(np.array([1.0 if labels[i] == c.label else 0.0 for i, c in zip(positions, flat, strict=True)]))
