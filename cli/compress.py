@@ -24,7 +24,7 @@ def _compress(args: argparse.Namespace) -> int:
     from tailor.compressor.puzzle.plan import Plan
 
     report = compress(Plan.load(args.config), args.out)
-    if report.model_fields_set:
+    if report is not None:  # None on the other ranks of a torchrun job
         if args.json:
             print(report.model_dump_json(indent=2))
         else:

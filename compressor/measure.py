@@ -127,7 +127,8 @@ def _runner(part: Part, hidden: int, work: Workload, dev: torch.device) -> Calla
 
         def step() -> torch.Tensor:
             cache.length = work.context  # the new token goes after `context` cached ones, every call
-            return attention(x, cache)
+            result: torch.Tensor = attention(x, cache)
+            return result
 
         return step
     if isinstance(part, Mamba):
@@ -192,6 +193,18 @@ class MeasuredCosts:
         if key not in self.cache:
             torch.manual_seed(0)
             self.cache[key] = time_call(_runner(part, hidden, work, self.device), self.device)
+            self._save()
+        return self.cache[key]
+
+    def head_seconds(self, hidden: int, vocab: int, work: Workload) -> float:
+        """The LM head on the last position of each of `batch` sequences (final norm and embedding lookups are
+        negligible beside it)."""
+        key = hashlib.sha256(json.dumps(["head", hidden, vocab, work.model_dump(mode="json"), str(DTYPE),
+                                         torch.__version__, KEY_VERSION]).encode()).hexdigest()[:24]
+        if key not in self.cache:
+            x = torch.randn(work.batch, hidden, device=self.device, dtype=DTYPE)
+            head = torch.randn(vocab, hidden, device=self.device, dtype=DTYPE)
+            self.cache[key] = time_call(lambda: x @ head.T, self.device)
             self._save()
         return self.cache[key]
 

@@ -46,6 +46,8 @@ class KVCache:
 class Rotary(nn.Module):
     """Rotary position embedding (the `default` rope type), cos/sin computed per call."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -92,7 +94,8 @@ class SelfAttention(nn.Module):
             cache.length = start + tokens
             k, v = cache.keys[:, :, :cache.length], cache.values[:, :, :cache.length]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=tokens > 1, enable_gqa=self.kv_heads != self.heads)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+        result: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+        return result
 
 
 class LinearAttention(nn.Module):
@@ -103,7 +106,8 @@ class LinearAttention(nn.Module):
         self.linear_attn = nn.Linear(hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        return self.linear_attn(x)
+        result: torch.Tensor = self.linear_attn(x)
+        return result
 
 
 class GatedMlp(nn.Module):
@@ -116,7 +120,8 @@ class GatedMlp(nn.Module):
         self.down_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        result: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return result
 
 
 class LinearMlp(nn.Module):
@@ -127,7 +132,8 @@ class LinearMlp(nn.Module):
         self.linear_mlp = nn.Linear(hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_mlp(x)
+        result: torch.Tensor = self.linear_mlp(x)
+        return result
 
 
 def build_mixer(part: Part, hidden: int, rope_theta: float) -> nn.Module | None:
@@ -137,7 +143,7 @@ def build_mixer(part: Part, hidden: int, rope_theta: float) -> nn.Module | None:
         return LinearAttention(hidden)
     if isinstance(part, NoOp):
         return None
-    raise ValueError(f"the Llama-family modeling has no {part.kind} mixer (attention, linear or noop)")
+    raise ValueError(f"the Llama-family modeling has no {type(part).__name__} mixer (attention, linear or noop)")
 
 
 def build_ffn(part: Part, hidden: int) -> nn.Module | None:
@@ -147,7 +153,7 @@ def build_ffn(part: Part, hidden: int) -> nn.Module | None:
         return LinearMlp(hidden)
     if isinstance(part, NoOp):
         return None
-    raise ValueError(f"the Llama-family modeling has no {part.kind} FFN (gated mlp, linear or noop)")
+    raise ValueError(f"the Llama-family modeling has no {type(part).__name__} FFN (gated mlp, linear or noop)")
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ def residual(branch: Branch, x: torch.Tensor, cache: KVCache | None = None) -> t
     if branch is None:
         return x
     norm, op = branch
-    return x + (op(norm(x), cache) if isinstance(op, SelfAttention | LinearAttention) else op(norm(x)))
+    result: torch.Tensor = x + (op(norm(x), cache) if isinstance(op, SelfAttention | LinearAttention) else op(norm(x)))
+    return result
 
 
 def build_branch(kind: str, part: Part, hidden: int, settings: ModelSettings) -> Branch:
@@ -231,7 +238,7 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def slots(self) -> list[Slot]:
-        out = []
+        out: list[Slot] = []
         for layer, block in enumerate(self.arch.blocks):
             for kind, part in (("attention", block.mixer), ("ffn", block.ffn)):
                 assert part is not None
@@ -244,7 +251,8 @@ class Decoder(nn.Module):
         return layer
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids)
+        result: torch.Tensor = self.model.embed_tokens(ids)
+        return result
 
     def run_slots(self, x: torch.Tensor, start: int = 0, stop: int | None = None,
                   caches: list[KVCache | None] | None = None) -> torch.Tensor:
@@ -255,7 +263,8 @@ class Decoder(nn.Module):
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.model.norm(x))
+        result: torch.Tensor = self.lm_head(self.model.norm(x))
+        return result
 
     def forward(self, ids: torch.Tensor, caches: list[KVCache | None] | None = None) -> torch.Tensor:
         return self.head(self.run_slots(self.embed(ids), caches=caches))

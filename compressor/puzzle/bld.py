@@ -95,7 +95,7 @@ def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget:
         with autocast:
             loss = normalised_mse(residual(branch, inputs[rows]) - inputs[rows], targets[rows])
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimiser.step()
         schedule.step()
     final = evaluate()

@@ -56,7 +56,7 @@ def distill(child: Decoder, parent: Decoder, train: torch.Tensor, budget: Traini
         with autocast:
             loss = gkd_loss(child, parent, train[rows])
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
         optimiser.step()
         schedule.step()

@@ -79,7 +79,8 @@ def _least_squares(inputs: torch.Tensor, outputs: torch.Tensor, ridge: float = 1
     x, y = inputs.reshape(-1, inputs.shape[-1]).double(), outputs.reshape(-1, outputs.shape[-1]).double()
     gram = x.T @ x
     gram += torch.eye(gram.shape[0], dtype=gram.dtype) * ridge * gram.diagonal().mean()
-    return torch.linalg.solve(gram, x.T @ y).T.float()
+    result: torch.Tensor = torch.linalg.solve(gram, x.T @ y).T.float()
+    return result
 
 
 def _pool_heads(weight: torch.Tensor, heads: int, new_heads: int, head_dim: int) -> torch.Tensor:
@@ -125,4 +126,5 @@ def channel_contribution(mlp: GatedMlp, normed: torch.Tensor) -> torch.Tensor:
     """Puzzle's C_i = mean over tokens of |X_i| * ||W_down[:, i]||_2, X the input of down_proj."""
     inner = nn.functional.silu(mlp.gate_proj(normed)) * mlp.up_proj(normed)
     activity = inner.abs().reshape(-1, inner.shape[-1]).mean(0)
-    return activity * mlp.down_proj.weight.norm(dim=0)
+    result: torch.Tensor = activity * mlp.down_proj.weight.norm(dim=0)
+    return result

@@ -30,6 +30,7 @@ import torch
 from tailor.compressor import sources
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, save_decoder
 from tailor.compressor.files import write_json, write_text
+from tailor.compressor.measure import MeasuredCosts
 from tailor.compressor.memory import recipe_for, weight_bytes
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
@@ -38,7 +39,7 @@ from tailor.compressor.puzzle.bld import run_bld
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, slot_variants
-from tailor.compressor.puzzle.plan import Plan, Target
+from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
 from tailor.compressor.puzzle.scoring import Score, score_variants
@@ -190,8 +191,8 @@ def _parent_price(pricer: Pricer, parent: Decoder) -> Price:
                  params=fixed.params + sum(p.params for p in parts))
 
 
-def compress(plan: Plan, out: Path) -> Report:
-    """Run (or resume) the whole pipeline into `out`; returns the report (rank 0) after writing it."""
+def compress(plan: Plan, out: Path) -> Report | None:
+    """Run (or resume) the whole pipeline into `out`; rank 0 writes the report and returns it, other ranks None."""
     parallel.init()
     log = Log()
     torch.manual_seed(plan.seed)
@@ -208,11 +209,12 @@ def compress(plan: Plan, out: Path) -> Report:
         splits = Splits(*(t.to(device) for t in (splits.train, splits.scoring, splits.evaluation)))
         log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
-    pricer = Pricer(parent.arch, plan.target, source)
+    pricer = Pricer(parent.arch, plan.target, MeasuredCosts(dev=device) if source is CostSource.MEASURED else None)
     with log.stage("costs.parent"):
         fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
     parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
-    current, rounds, candidates = parent, [], []
+    current, rounds = parent, []
+    candidates: list[list[Candidate]] = []
     bld_rows = max(1, min(splits.train.shape[0], -(-plan.bld_activation_tokens // plan.data.seq_len)))
     for number, target in enumerate(plan.round_targets(parent_memory_gib), 1):
         folder = stages / f"round{number}"
@@ -248,7 +250,7 @@ def compress(plan: Plan, out: Path) -> Report:
         rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
     if not parallel.is_main():
         parallel.finish()
-        return Report.model_construct()
+        return None
     report = _finish(plan, out, parent, current, parent_dir, splits, pricer, fixed, parent_price, candidates,
                      rounds, log, source.value)
     parallel.finish()

@@ -10,6 +10,7 @@ norm, LM head) is a fixed cost shared by every candidate. No torch is imported u
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 from pydantic import BaseModel
 
@@ -42,26 +43,29 @@ def resolve_source(target: Target, on_cpu: bool) -> CostSource:
     return CostSource.MEASURED if on_cpu and target.gpu.lower() == "cpu" else CostSource.ROOFLINE
 
 
-class Pricer:
-    """Prices parts of one architecture family on one target."""
+class Timer(Protocol):
+    """Measured seconds on this machine (`tailor.compressor.measure.MeasuredCosts`)."""
 
-    def __init__(self, arch: Architecture, target: Target, source: CostSource) -> None:
-        self.arch, self.target, self.source = arch, target, source
+    def seconds(self, part: Part, hidden: int, work: Workload) -> float: ...
+
+    def head_seconds(self, hidden: int, vocab: int, work: Workload) -> float: ...
+
+
+class Pricer:
+    """Prices parts of one architecture family on one target: roofline, or `timer` when measuring."""
+
+    def __init__(self, arch: Architecture, target: Target, timer: Timer | None = None) -> None:
+        self.arch, self.target, self.timer = arch, target, timer
         self.gpu = GpuCatalog.load().get(target.gpu)
         self.recipe = recipe_for(target.precision, arch)
         self.kv_dtype = kv_dtype_for(target, self.gpu)
         self.model = CostModel(self.gpu, self.recipe, self.kv_dtype, arch.ssm_cache_dtype)
         self.decode = Workload(phase=Phase.DECODE, batch=target.batch, context=target.context)
         self.prefill = Workload(phase=Phase.PREFILL, batch=target.batch, context=target.context)
-        self._measured = None
-        if source is CostSource.MEASURED:
-            from tailor.compressor.measure import MeasuredCosts
-
-            self._measured = MeasuredCosts()
 
     def _seconds(self, part: Part, work: Workload) -> float:
-        if self._measured is not None:
-            return self._measured.seconds(part, self.arch.hidden_size, work)
+        if self.timer is not None:
+            return self.timer.seconds(part, self.arch.hidden_size, work)
         return self.model.part_cost(part, self.arch.hidden_size, work).seconds
 
     def price(self, part: Part, kind: str) -> Price:
@@ -78,22 +82,12 @@ class Pricer:
         arch, hidden = self.arch, self.arch.hidden_size
         blocks_bytes = sum(block_weight_bytes(block, hidden, self.recipe) for block in arch.blocks)
         blocks_params = sum(int(sum(block.params(hidden).values())) for block in arch.blocks)
-        if self._measured is not None:
-            decode_s, prefill_s = self._measured_head(self.decode), self._measured_head(self.prefill)
+        if self.timer is not None:
+            decode_s, prefill_s = (self.timer.head_seconds(hidden, arch.vocab_size, work)
+                                   for work in (self.decode, self.prefill))
         else:
             decode_s, prefill_s = (self.model.model_cost(arch, work).seconds - sum(
                 self.model.block_cost(block, hidden, work).seconds for block in arch.blocks)
                 for work in (self.decode, self.prefill))
         return Price(decode_s=decode_s, prefill_s=prefill_s, weight_bytes=weight_bytes(arch, self.recipe) -
                      blocks_bytes, kv_bytes_per_token=0, params=arch.total_params - blocks_params)
-
-    def _measured_head(self, work: Workload) -> float:
-        import torch
-
-        from tailor.compressor.measure import DTYPE, time_call
-
-        assert self._measured is not None
-        dev = self._measured.device
-        x = torch.randn(work.batch, self.arch.hidden_size, device=dev, dtype=DTYPE)
-        head = torch.randn(self.arch.vocab_size, self.arch.hidden_size, device=dev, dtype=DTYPE)
-        return time_call(lambda: x[-work.batch:] @ head.T, dev)  # logits for the last position only

@@ -99,7 +99,9 @@ def _milp(slots: list[list[Candidate]], fixed: Price, target: Target, limits: li
     positions = [i for i, options in enumerate(slots) for _ in options]
     flat = [c for options in slots for c in options]
     n = len(flat)
-    rows, lower, upper = [], [], []
+    rows: list[np.ndarray] = []
+    lower: list[float] = []
+    upper: list[float] = []
     start = 0
     for options in slots:
         row = np.zeros(n)

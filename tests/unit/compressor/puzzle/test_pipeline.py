@@ -99,6 +99,7 @@ def test_a_new_target_reuses_bld_and_scores(finished: Path, tiny_parent: Path, t
     round1 = out / "stages" / "round1"
     kept = {p.name: p.stat().st_mtime_ns for p in [*(round1 / "bld").glob("*"), round1 / "scores.json"]}
     report = compress(Plan.model_validate(tiny_plan(tiny_parent, target={"throughput": 1.06})), out)
+    assert report is not None
     assert report.predicted_speedup >= 1.06 - 1e-9
     assert {p.name: p.stat().st_mtime_ns for p in [*(round1 / "bld").glob("*"), round1 / "scores.json"]} == kept
     assert json.loads((round1 / "round.json").read_text())["target"]["throughput"] == 1.06
@@ -132,6 +133,7 @@ def test_torchrun_shares_bld_between_two_gloo_ranks(tiny_parent: Path, tmp_path:
 def test_iterative_puzzle_runs_rounds_towards_the_target(tiny_parent: Path, tmp_path: Path) -> None:
     report = compress(Plan.model_validate(tiny_plan(tiny_parent, rounds=2, target={"throughput": 1.06})),
                       tmp_path / "out")
+    assert report is not None
     assert [r.round for r in report.rounds] == [1, 2]
     assert report.rounds[0].target["throughput"] == pytest.approx(1.06**0.5)
     assert report.predicted_speedup >= 1.06 - 1e-9
