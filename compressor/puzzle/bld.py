@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def run_bld(model: Decoder, variants: list[list[Variant]], sequences: torch.Tens
         with torch.no_grad():
             targets = residual(current, inputs[slot.index]) - inputs[slot.index]
         branch = init_variant(variant, current, inputs[slot.index], model.settings)
-        generator = torch.Generator().manual_seed(seed * 100_003 + variant.slot * 101 + len(variant.label))
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
         loss = distill(branch, inputs[slot.index], targets, budget, generator)
         save_branch(path, branch, loss)
         elapsed = time.monotonic() - started

@@ -44,12 +44,16 @@ class Variant(BaseModel):
 
     @property
     def label(self) -> str:
-        part = self.part
-        if isinstance(part, Attention):
-            return f"kv{part.num_kv_heads}"
-        if isinstance(part, Mlp):
-            return f"w{part.intermediate_size}"
-        return "linear" if isinstance(part, Linear) else "noop"
+        return part_label(self.part)
+
+
+def part_label(part: Part) -> str:
+    """Short name of a sub-layer choice: kv<heads>, w<width>, linear or noop."""
+    if isinstance(part, Attention):
+        return f"kv{part.num_kv_heads}"
+    if isinstance(part, Mlp):
+        return f"w{part.intermediate_size}"
+    return "linear" if isinstance(part, Linear) else "noop"
 
 
 def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Variant]:

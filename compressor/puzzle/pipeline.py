@@ -38,7 +38,7 @@ from tailor.compressor.puzzle.assembly import assemble
 from tailor.compressor.puzzle.bld import run_bld
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
-from tailor.compressor.puzzle.library import Variant, slot_variants
+from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
@@ -276,16 +276,13 @@ def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: 
         measured_speedup=child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
         kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
-        blocks=[{"attention": b.mixer.code if b.mixer else "", "ffn": _describe(b.ffn)} for b in child.arch.blocks],
+        blocks=[{"attention": part_label(b.mixer), "ffn": part_label(b.ffn)} for b in child.arch.blocks
+                if b.mixer is not None and b.ffn is not None],
         rounds=rounds, stage_seconds=log.seconds, wall_seconds=time.monotonic() - log.started)
     write_text(out / "report.md", report.markdown())
     write_json(out / "report.json", report.model_dump(mode="json"))
     log(f"report: {out / 'report.md'}")
     return report
-
-
-def _describe(part: Any) -> str:
-    return part.model_dump_json(exclude={"kind"}) if part is not None else ""
 
 
 def _plot_pareto(front: list[dict[str, float]], path: Path, last: RoundSummary | None, parent: Price,

@@ -36,7 +36,7 @@ class Report(BaseModel):
     measured_speedup: float  # decode, same harness for both
     kl_to_parent: float
     perplexity_ratio: float
-    blocks: list[dict[str, str]]  # per layer: attention and FFN choice
+    blocks: list[dict[str, str]]  # per layer: attention (kv<heads>, linear, noop) and FFN (w<width>, linear, noop)
     rounds: list[RoundSummary]
     stage_seconds: dict[str, float]
     wall_seconds: float
@@ -63,6 +63,8 @@ class Report(BaseModel):
             achieved = ", ".join(f"{k} {v}" for k, v in r.achieved.items())
             losses = f"{r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f}"
             lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {losses} |")
+        lines += ["", "| layer | attention | FFN |", "| --- | --- | --- |"]
+        lines += [f"| {i} | {b['attention']} | {b['ffn']} |" for i, b in enumerate(self.blocks)]
         lines += ["", "| stage | seconds |", "| --- | --- |"]
         lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
         lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]

@@ -89,6 +89,12 @@ def test_a_missing_folder_or_config(tmp_path: Path) -> None:
         load_decoder(tmp_path)
 
 
+def test_an_unreadable_config_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"config\.json: unreadable"):
+        load_decoder(tmp_path)
+
+
 def test_an_unsupported_architecture_names_the_supported_ones(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(CheckpointError, match=r"'model_type' is 'gpt2'; supported: llama, mistral .* nemotron-nas"):
