@@ -1,6 +1,6 @@
 """`tailor compress`: the Puzzle pipeline, stage by stage, resumable from what each stage saved.
 
-    out/stages/manifest.json          fingerprint of the plan and the parent; a resume must match it
+    out/stages/manifest.json          fingerprints: parent + library settings (must match to resume), target
     out/stages/round{r}/library.json  1. variants per slot
     out/stages/round{r}/bld/          2. one safetensors file per trained variant
     out/stages/round{r}/scores.json   3. replace-1-block KL and LM loss per variant
