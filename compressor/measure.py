@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tailor.compressor import sources
 from tailor.compressor.architecture import Attention, Linear, Mamba, Mlp, Moe, Part
 from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.modeling import GatedMlp, SelfAttention
@@ -179,8 +179,7 @@ class MeasuredCosts:
 
     def __init__(self, cache_file: Path | None = None, dev: torch.device | None = None) -> None:
         self.device = dev or device()
-        cache_dir = Path(os.environ.get("TAILOR_CACHE_DIR", Path.home() / ".cache" / "tailor"))
-        self.cache_file = cache_file or cache_dir / "costs" / f"{_slug(device_name(self.device))}.json"
+        self.cache_file = cache_file or sources.cache_dir() / "costs" / f"{_slug(device_name(self.device))}.json"
         self.cache: dict[str, float] = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
 
     def key(self, part: Part, hidden: int, work: Workload) -> str:
