@@ -66,7 +66,7 @@ def block_influence(parent: Decoder, ids: torch.Tensor) -> list[float]:
     """ShortGPT's Block Influence per layer: mean 1 - cos(layer input, layer output)."""
     x = parent.embed(ids)
     out = []
-    for layer in parent.model.layers:
+    for layer in parent.layers:
         y = layer(x)
         out.append(float((1 - torch.nn.functional.cosine_similarity(x, y, dim=-1)).mean()))
         x = y
@@ -78,7 +78,7 @@ def drop_layers(parent: Decoder, layers: set[int]) -> Decoder:
     blocks = [Block(mixer=NoOp(), ffn=NoOp()) if i in layers else block for i, block in enumerate(parent.arch.blocks)]
     chosen, branches = [], {}
     for slot in parent.slots():
-        part = blocks[slot.layer].mixer if slot.kind == "attention" else blocks[slot.layer].ffn
+        part = blocks[slot.layer].mixer if slot.kind == "mixer" else blocks[slot.layer].ffn
         assert part is not None
         variant = Variant(slot=slot.index, kind=slot.kind, part=part, is_current=part == slot.part)
         chosen.append(variant)

@@ -1,10 +1,14 @@
 """Reading and writing checkpoints: Hugging Face folders (config.json, safetensors, tokenizer files).
 
-Parents are plain `llama` folders; children are written in the public `nemotron-nas` (DeciLM)
-convention: `model_type: nemotron-nas`, `architectures: [DeciLMForCausalLM]` and one `block_configs`
-entry per layer (attention: `no_op`, `replace_with_linear`, `n_heads_in_group`; FFN: `no_op`,
-`replace_with_linear`, `intermediate_size` and the equivalent `ffn_mult`). A folder is written under a
-temporary name and renamed when complete.
+Parents are `llama`/`mistral` or `nemotron_h` folders. Children follow the public conventions:
+- of a Llama parent, `nemotron-nas` (DeciLM): `architectures: [DeciLMForCausalLM]` and one
+  `block_configs` entry per layer (attention: `no_op`, `replace_with_linear`, `n_heads_in_group`; FFN:
+  `no_op`, `replace_with_linear`, `intermediate_size` and the equivalent `ffn_mult`);
+- of a NemotronH parent, `nemotron_h_puzzle`: `architectures: [NemotronHPuzzleForCausalLM]`, the
+  parent's layer pattern, and one `block_configs` entry per block with its `block_type` and the
+  model-wide fields it overrides (Mamba heads, head dim and state; KV heads; MLP width; experts, top-k,
+  expert and shared-expert widths), or `no_op` / `replace_with_linear`.
+A folder is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -23,16 +27,26 @@ from tailor.compressor.architecture import (
     Attention,
     ConfigError,
     Linear,
+    Mamba,
     Mlp,
+    Moe,
     NoOp,
+    Part,
     architecture_from_config,
 )
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, ModelSettings
+from tailor.compressor.moe import Routing
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
-SUPPORTED = "llama, mistral (dense parents) and nemotron-nas (their Puzzle children)"
+LLAMA_TYPES = ("llama", "mistral", "nemotron-nas")
+NEMOTRON_H_TYPES = ("nemotron_h", "nemotron_h_puzzle")
+SUPPORTED = ("llama, mistral (dense parents), nemotron-nas (their Puzzle children), nemotron_h (hybrid parents) "
+             "and nemotron_h_puzzle (their Puzzle children)")
+# NemotronH options the modeling implements: field -> the one value it supports
+NEMOTRON_H_FIXED = {"mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "use_bias": False, "mlp_bias": False,
+                    "attention_bias": False, "use_conv_bias": True}
 
 
 class CheckpointError(ValueError):
@@ -55,6 +69,17 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def settings_from_config(config: dict[str, Any], source: str) -> ModelSettings:
+    if config.get("model_type") in NEMOTRON_H_TYPES:
+        for name, value in NEMOTRON_H_FIXED.items():
+            if config.get(name, value) != value:
+                raise CheckpointError(f"{source}: field {name!r} is {config[name]!r}; the project's NemotronH "
+                                      f"modeling supports {value!r}")
+        routing = Routing(scaling=float(config.get("routed_scaling_factor", 1.0)), groups=int(config.get("n_group", 1)),
+                          top_groups=int(config.get("topk_group", 1)),
+                          normalise=bool(config.get("norm_topk_prob", True)))
+        return ModelSettings(family="nemotron_h", rms_norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+                             rope_theta=None, time_step_min=float(config.get("time_step_min", 0.001)),
+                             routing=routing)
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
@@ -81,14 +106,17 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
     """A parent or child folder as the project's `Decoder`; every tensor must match the config."""
     config = read_config(folder)
     source = str(folder / "config.json")
-    if config.get("model_type") not in ("llama", "mistral", "nemotron-nas"):
+    if config.get("model_type") not in LLAMA_TYPES + NEMOTRON_H_TYPES:
         raise CheckpointError(f"{source}: field 'model_type' is {config.get('model_type')!r}; supported: "
                               f"{SUPPORTED}")
     try:
         arch = architecture_from_config(config, source)
     except ConfigError as error:
         raise CheckpointError(str(error)) from error
-    decoder = Decoder(arch, settings_from_config(config, source))
+    try:
+        decoder = Decoder(arch, settings_from_config(config, source))
+    except ValueError as error:
+        raise CheckpointError(f"{source}: {error}") from error
     tensors = _weights(folder)
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -126,21 +154,67 @@ def block_configs(arch: Architecture) -> list[dict[str, Any]]:
     return entries
 
 
+def hybrid_block_configs(arch: Architecture) -> list[dict[str, Any]]:
+    """`nemotron_h_puzzle` block_configs: each block's type and its own sizes."""
+    return [_hybrid_entry(block.mixer if block.mixer is not None else block.ffn, index, block.mixer is not None)
+            for index, block in enumerate(arch.blocks)]
+
+
+def _hybrid_entry(part: Part | None, index: int, is_mixer: bool) -> dict[str, Any]:
+    if isinstance(part, Mamba):
+        return {"block_type": "mamba", "mamba_num_heads": part.num_heads, "mamba_head_dim": part.head_dim,
+                "ssm_state_size": part.state_size, "n_groups": part.n_groups}
+    if isinstance(part, Attention):
+        return {"block_type": "attention", "num_attention_heads": part.num_heads,
+                "num_key_value_heads": part.num_kv_heads, "head_dim": part.head_dim}
+    if isinstance(part, Moe):
+        return {"block_type": "moe", "n_routed_experts": part.num_experts, "num_experts_per_tok": part.top_k,
+                "moe_intermediate_size": part.expert_width, "moe_shared_expert_intermediate_size": part.shared_width,
+                "moe_latent_size": part.latent_size}
+    if isinstance(part, Mlp):
+        return {"block_type": "mlp", "intermediate_size": part.intermediate_size}
+    if isinstance(part, Linear | NoOp):
+        return {"block_type": None, "no_op": isinstance(part, NoOp), "replace_with_linear": isinstance(part, Linear)}
+    raise CheckpointError(f"block {index}: a {type(part).__name__} has no nemotron_h_puzzle form")
+
+
 def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str, Any]:
+    """The parent's config with the child's per-block structure, in its family's public convention."""
     config = {key: value for key, value in parent_config.items() if key not in ("architectures", "model_type")}
+    if parent_config.get("model_type") in NEMOTRON_H_TYPES:
+        entries = hybrid_block_configs(arch)
+        for entry, kind in zip(entries, _parent_types(parent_config), strict=True):
+            if entry["block_type"] is None:
+                entry["block_type"] = kind
+        config.update(architectures=["NemotronHPuzzleForCausalLM"], model_type="nemotron_h_puzzle",
+                      block_configs=entries)
+        return config
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
                   num_hidden_layers=len(arch.blocks))
     return config
 
 
-def save_decoder(decoder: Decoder, folder: Path, parent: Path) -> None:
-    """Write `decoder` as a nemotron-nas child of the `parent` folder (its config fields and tokenizer)."""
-    config = child_config(read_config(parent), decoder.arch)
+def _parent_types(config: dict[str, Any]) -> list[str]:
+    """Block types of a NemotronH config, in the names block_configs use."""
+    codes = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    if "hybrid_override_pattern" in config:
+        return [codes[code] for code in config["hybrid_override_pattern"]]
+    aliases = {"linear_attention": "mamba", "full_attention": "attention"}
+    return [aliases.get(kind, kind) for kind in config["layers_block_type"]]
+
+
+def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tokenizer_from: Path) -> None:
+    """`decoder`'s weights in BF16, `config` and the tokenizer files of `tokenizer_from`, staged then renamed."""
     state = {name: tensor.detach().to(torch.bfloat16).contiguous() for name, tensor in decoder.state_dict().items()
              if not (decoder.arch.tie_word_embeddings and name == "lm_head.weight")}
     with staged_folder(folder) as staging:
         save_file(state, staging / "model.safetensors", metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
         for name in TOKENIZER_FILES:
-            if (parent / name).exists():
-                shutil.copy2(parent / name, staging / name)
+            if (tokenizer_from / name).exists():
+                shutil.copy2(tokenizer_from / name, staging / name)
+
+
+def save_decoder(decoder: Decoder, folder: Path, parent: Path) -> None:
+    """Write `decoder` as a Puzzle child of the `parent` folder (its config fields and tokenizer)."""
+    write_checkpoint(decoder, folder, child_config(read_config(parent), decoder.arch), parent)

@@ -1,24 +1,34 @@
-"""The project's own modeling code for Llama-family parents and their heterogeneous Puzzle children.
+"""The project's own modeling code for the parents it compresses and their heterogeneous Puzzle children.
 
 A model is built from an `Architecture` (the same description the cost model prices), so every block
-can have its own attention (any number of KV heads, a single linear map, or nothing) and its own FFN
-(any width, a linear map, or nothing). Parameter names follow Hugging Face Llama and DeciLM
-(`nemotron-nas`): `model.layers.{i}.self_attn.q_proj.weight`, `...self_attn.linear_attn.weight`,
-`...mlp.linear_mlp.weight`; a removed sub-layer has no parameters at all, its norm included.
+has its own sizes. Two families, two parameter layouts:
 
-Each sub-layer is a residual branch, `x + op(norm(x))`: Puzzle's slots. `Decoder.slots()` lists them
-in order, which is what blockwise distillation, scoring and assembly iterate over.
+- Llama (`family="llama"`): a layer holds an attention (any number of KV heads, a linear map, or
+  nothing) and a gated FFN (any width, a linear map, or nothing). Names follow Hugging Face Llama and
+  DeciLM (`nemotron-nas`): `model.layers.{i}.self_attn.q_proj.weight`, `...self_attn.linear_attn.weight`,
+  `...mlp.linear_mlp.weight`.
+- NemotronH (`family="nemotron_h"`): a layer holds one part: Mamba-2, attention without rotary
+  positions, a ReLU^2 MLP or a mixture of experts (or a linear/no-op replacement). Names follow the
+  published NemotronH checkpoints: `backbone.embeddings`, `backbone.layers.{i}.norm`,
+  `backbone.layers.{i}.mixer.*`, `backbone.norm_f`.
+
+A removed sub-layer has no parameters at all, its norm included. Each sub-layer is a residual branch,
+`x + op(norm(x))`: Puzzle's slots. `Decoder.slots()` lists them in order, which is what blockwise
+distillation, scoring and assembly iterate over.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tailor.compressor.architecture import Architecture, Attention, Block, Linear, Mlp, NoOp, Part
+from tailor.compressor.architecture import Architecture, Attention, Block, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.mamba import Mamba2, MambaCache
+from tailor.compressor.moe import MixtureOfExperts, ReluSquaredMlp, Routing
 
 
 class RMSNorm(nn.Module):
@@ -64,16 +74,17 @@ class Rotary(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Causal grouped-query attention with rotary positions and an optional KV cache."""
+    """Causal grouped-query attention with an optional KV cache; rotary positions (Llama) or none
+    (NemotronH, `rope_theta=None`)."""
 
-    def __init__(self, part: Attention, hidden: int, rope_theta: float) -> None:
+    def __init__(self, part: Attention, hidden: int, rope_theta: float | None) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = part.num_heads, part.num_kv_heads, part.head_dim
         self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-        self.rotary = Rotary(self.head_dim, rope_theta)
+        self.rotary = Rotary(self.head_dim, rope_theta) if rope_theta is not None else None
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (batch, self.kv_heads, capacity, self.head_dim)
@@ -85,7 +96,8 @@ class SelfAttention(nn.Module):
         q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rotary(q, start), self.rotary(k, start)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
         if cache is not None:
             if start and tokens > 1:
                 raise ValueError("a cached attention call takes one prompt from position 0 or one token at a time")
@@ -136,49 +148,59 @@ class LinearMlp(nn.Module):
         return result
 
 
-def build_mixer(part: Part, hidden: int, rope_theta: float) -> nn.Module | None:
-    if isinstance(part, Attention):
-        return SelfAttention(part, hidden, rope_theta)
-    if isinstance(part, Linear):
-        return LinearAttention(hidden)
-    if isinstance(part, NoOp):
-        return None
-    raise ValueError(f"the Llama-family modeling has no {type(part).__name__} mixer (attention, linear or noop)")
-
-
-def build_ffn(part: Part, hidden: int) -> nn.Module | None:
-    if isinstance(part, Mlp) and part.gated:
-        return GatedMlp(hidden, part.intermediate_size)
-    if isinstance(part, Linear):
-        return LinearMlp(hidden)
-    if isinstance(part, NoOp):
-        return None
-    raise ValueError(f"the Llama-family modeling has no {type(part).__name__} FFN (gated mlp, linear or noop)")
-
-
 @dataclass(frozen=True)
 class ModelSettings:
     """What a config.json says beyond the block structure."""
 
+    family: Literal["llama", "nemotron_h"] = "llama"
     rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    rope_theta: float | None = 10000.0  # None: no rotary positions (NemotronH attention)
+    time_step_min: float = 0.001  # Mamba-2: the smallest time step
+    routing: Routing = field(default_factory=Routing)
 
 
+Cache = KVCache | MambaCache | None
 Branch = tuple[nn.Module, nn.Module] | None  # (norm, op) of a residual branch; None when removed
 
 
-def residual(branch: Branch, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+def build_mixer(part: Part, hidden: int, settings: ModelSettings) -> nn.Module | None:
+    if isinstance(part, Attention):
+        return SelfAttention(part, hidden, settings.rope_theta)
+    if isinstance(part, Mamba):
+        return Mamba2(part, hidden, settings.rms_norm_eps, settings.time_step_min)
+    if isinstance(part, Linear):
+        return LinearAttention(hidden)
+    if isinstance(part, NoOp):
+        return None
+    raise ValueError(f"no modeling for a {type(part).__name__} token mixer (attention, mamba, linear or noop)")
+
+
+def build_ffn(part: Part, hidden: int, settings: ModelSettings) -> nn.Module | None:
+    if isinstance(part, Mlp):
+        return GatedMlp(hidden, part.intermediate_size) if part.gated else ReluSquaredMlp(hidden,
+                                                                                          part.intermediate_size)
+    if isinstance(part, Moe):
+        return MixtureOfExperts(part, hidden, settings.routing)
+    if isinstance(part, Linear):
+        return LinearMlp(hidden)
+    if isinstance(part, NoOp):
+        return None
+    raise ValueError(f"no modeling for a {type(part).__name__} feed-forward part (mlp, moe, linear or noop)")
+
+
+def residual(branch: Branch, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
     """`x + op(norm(x))`, or `x` itself for a removed branch."""
     if branch is None:
         return x
     norm, op = branch
-    result: torch.Tensor = x + (op(norm(x), cache) if isinstance(op, SelfAttention | LinearAttention) else op(norm(x)))
+    takes_cache = isinstance(op, SelfAttention | LinearAttention | Mamba2)
+    result: torch.Tensor = x + (op(norm(x), cache) if takes_cache else op(norm(x)))
     return result
 
 
 def build_branch(kind: str, part: Part, hidden: int, settings: ModelSettings) -> Branch:
-    """A fresh (norm, op) for `part` in an attention or FFN slot."""
-    op = build_mixer(part, hidden, settings.rope_theta) if kind == "attention" else build_ffn(part, hidden)
+    """A fresh (norm, op) for `part` in a mixer or FFN slot."""
+    op = build_mixer(part, hidden, settings) if kind == "mixer" else build_ffn(part, hidden, settings)
     return None if op is None else (RMSNorm(hidden, settings.rms_norm_eps), op)
 
 
@@ -188,74 +210,121 @@ class Slot:
 
     index: int  # position in Decoder.slots()
     layer: int
-    kind: str  # "attention" or "ffn"
+    kind: str  # "mixer" (attention, Mamba) or "ffn" (MLP, MoE)
     part: Part
 
 
 class Layer(nn.Module):
-    """A decoder layer whose attention and FFN are each optional."""
+    """A Llama decoder layer whose attention and FFN are each optional."""
 
-    def __init__(self, block: Block, hidden: int, eps: float, rope_theta: float) -> None:
+    def __init__(self, block: Block, hidden: int, settings: ModelSettings) -> None:
         super().__init__()
         assert block.mixer is not None and block.ffn is not None
-        self.block = block
-        self.self_attn = build_mixer(block.mixer, hidden, rope_theta)
-        self.input_layernorm = RMSNorm(hidden, eps) if self.self_attn is not None else None
-        self.mlp = build_ffn(block.ffn, hidden)
-        self.post_attention_layernorm = RMSNorm(hidden, eps) if self.mlp is not None else None
+        self.self_attn = build_mixer(block.mixer, hidden, settings)
+        self.input_layernorm = RMSNorm(hidden, settings.rms_norm_eps) if self.self_attn is not None else None
+        self.mlp = build_ffn(block.ffn, hidden, settings)
+        self.post_attention_layernorm = RMSNorm(hidden, settings.rms_norm_eps) if self.mlp is not None else None
 
     def branch(self, kind: str) -> Branch:
-        """(norm, op) of the attention or FFN branch; None where it was removed."""
-        norm, op = (self.input_layernorm, self.self_attn) if kind == "attention" else \
+        """(norm, op) of the mixer or FFN branch; None where it was removed."""
+        norm, op = (self.input_layernorm, self.self_attn) if kind == "mixer" else \
             (self.post_attention_layernorm, self.mlp)
         return None if op is None or norm is None else (norm, op)
 
-    def run_branch(self, kind: str, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def run_branch(self, kind: str, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
         return residual(self.branch(kind), x, cache)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        return self.run_branch("ffn", self.run_branch("attention", x, cache))
+    def forward(self, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
+        return self.run_branch("ffn", self.run_branch("mixer", x, cache))
 
 
-class Inner(nn.Module):
+class HybridLayer(nn.Module):
+    """A NemotronH block: one branch `x + mixer(norm(x))`, a token mixer or a feed-forward part."""
+
+    def __init__(self, block: Block, hidden: int, settings: ModelSettings) -> None:
+        super().__init__()
+        if (block.mixer is None) == (block.ffn is None):
+            raise ValueError(f"a NemotronH block holds exactly one part, got {block.code!r}")
+        self.kind = "mixer" if block.mixer is not None else "ffn"
+        part = block.mixer if block.mixer is not None else block.ffn
+        assert part is not None
+        branch = build_branch(self.kind, part, hidden, settings)
+        self.norm, self.mixer = branch if branch is not None else (None, None)
+
+    def branch(self, kind: str) -> Branch:
+        assert kind == self.kind, f"this layer's branch is a {self.kind}, not a {kind}"
+        return None if self.norm is None or self.mixer is None else (self.norm, self.mixer)
+
+    def run_branch(self, kind: str, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
+        return residual(self.branch(kind), x, cache)
+
+    def forward(self, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
+        return self.run_branch(self.kind, x, cache)
+
+
+class LlamaBody(nn.Module):
     def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(Layer(block, arch.hidden_size, settings.rms_norm_eps, settings.rope_theta)
-                                    for block in arch.blocks)
+        self.layers = nn.ModuleList(Layer(block, arch.hidden_size, settings) for block in arch.blocks)
         self.norm = RMSNorm(arch.hidden_size, settings.rms_norm_eps)
 
 
+class NemotronHBody(nn.Module):
+    def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(HybridLayer(block, arch.hidden_size, settings) for block in arch.blocks)
+        self.norm_f = RMSNorm(arch.hidden_size, settings.rms_norm_eps)
+
+
 class Decoder(nn.Module):
-    """A causal language model, one `Layer` per block of its `Architecture`."""
+    """A causal language model, one layer per block of its `Architecture`."""
 
     def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
         super().__init__()
         self.arch, self.settings = arch, settings
-        self.model = Inner(arch, settings)
+        if settings.family == "llama":
+            self.model = LlamaBody(arch, settings)
+        else:
+            self.backbone = NemotronHBody(arch, settings)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = self.embedding.weight
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.model.embed_tokens if self.settings.family == "llama" else self.backbone.embeddings
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        return self.model.norm if self.settings.family == "llama" else self.backbone.norm_f
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """`Layer`s (Llama) or `HybridLayer`s (NemotronH), one per block."""
+        layers: nn.ModuleList = self.model.layers if self.settings.family == "llama" else self.backbone.layers
+        return layers
 
     def slots(self) -> list[Slot]:
         out: list[Slot] = []
         for layer, block in enumerate(self.arch.blocks):
-            for kind, part in (("attention", block.mixer), ("ffn", block.ffn)):
-                assert part is not None
-                out.append(Slot(len(out), layer, kind, part))
+            for kind, part in (("mixer", block.mixer), ("ffn", block.ffn)):
+                if part is not None:
+                    out.append(Slot(len(out), layer, kind, part))
         return out
 
-    def layer(self, slot: Slot) -> Layer:
-        layer = self.model.layers[slot.layer]
-        assert isinstance(layer, Layer)
+    def layer(self, slot: Slot) -> Layer | HybridLayer:
+        layer = self.layers[slot.layer]
+        assert isinstance(layer, Layer | HybridLayer)
         return layer
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        result: torch.Tensor = self.model.embed_tokens(ids)
+        result: torch.Tensor = self.embedding(ids)
         return result
 
     def run_slots(self, x: torch.Tensor, start: int = 0, stop: int | None = None,
-                  caches: list[KVCache | None] | None = None) -> torch.Tensor:
+                  caches: list[Cache] | None = None) -> torch.Tensor:
         """The residual stream through slots [start, stop)."""
         for slot in self.slots()[start:stop]:
             cache = caches[slot.layer] if caches is not None else None
@@ -263,17 +332,19 @@ class Decoder(nn.Module):
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        result: torch.Tensor = self.lm_head(self.model.norm(x))
+        result: torch.Tensor = self.lm_head(self.final_norm(x))
         return result
 
-    def forward(self, ids: torch.Tensor, caches: list[KVCache | None] | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, caches: list[Cache] | None = None) -> torch.Tensor:
         return self.head(self.run_slots(self.embed(ids), caches=caches))
 
-    def new_caches(self, batch: int, capacity: int) -> list[KVCache | None]:
-        like = self.model.embed_tokens.weight
-        caches: list[KVCache | None] = []
-        for layer in self.model.layers:
-            attention = layer.self_attn
-            caches.append(attention.new_cache(batch, capacity, like) if isinstance(attention, SelfAttention)
-                          else None)
+    def new_caches(self, batch: int, capacity: int) -> list[Cache]:
+        """One cache per layer: keys and values for attention, conv window and SSM state for Mamba-2."""
+        like = self.embedding.weight
+        caches: list[Cache] = []
+        for layer in self.layers:
+            branch = layer.branch("mixer") if isinstance(layer, Layer) or layer.kind == "mixer" else None
+            op = branch[1] if branch is not None else None
+            caches.append(op.new_cache(batch, capacity, like) if isinstance(op, SelfAttention) else
+                          op.new_cache(batch, like) if isinstance(op, Mamba2) else None)
         return caches

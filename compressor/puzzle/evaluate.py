@@ -45,7 +45,7 @@ def decode_tokens_per_second(model: Decoder, batch: int, context: int, new_token
     runner = copy.deepcopy(model).to(torch.bfloat16).eval()
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.arch.vocab_size, (batch, context), generator=generator)
-    device = runner.model.embed_tokens.weight.device
+    device = runner.embedding.weight.device
     samples = []
     for _ in range(repeats):
         caches = runner.new_caches(batch, context + new_tokens)

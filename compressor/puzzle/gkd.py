@@ -21,7 +21,7 @@ def layer_states(model: Decoder, ids: torch.Tensor) -> tuple[list[torch.Tensor],
     """The residual stream after every layer, and the logits."""
     x = model.embed(ids)
     states = []
-    for layer in model.model.layers:
+    for layer in model.layers:
         x = layer(x)
         states.append(x)
     return states, model.head(x)

@@ -276,8 +276,9 @@ def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: 
         measured_speedup=child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
         kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
-        blocks=[{"attention": part_label(b.mixer), "ffn": part_label(b.ffn)} for b in child.arch.blocks
-                if b.mixer is not None and b.ffn is not None],
+        blocks=[{kind: part_label(part) if part is not None else "" for kind, part in (("mixer", b.mixer),
+                                                                                        ("ffn", b.ffn))}
+                for b in child.arch.blocks],
         rounds=rounds, stage_seconds=log.seconds, wall_seconds=time.monotonic() - log.started)
     write_text(out / "report.md", report.markdown())
     write_json(out / "report.json", report.model_dump(mode="json"))

@@ -70,7 +70,7 @@ class Pricer:
 
     def price(self, part: Part, kind: str) -> Price:
         hidden = self.arch.hidden_size
-        block = Block(mixer=part) if kind == "attention" else Block(ffn=part)
+        block = Block(mixer=part) if kind == "mixer" else Block(ffn=part)
         kv = part.kv_elements_per_token() * KV_BYTES[self.kv_dtype] if isinstance(part, Attention) else 0
         return Price(decode_s=self._seconds(part, self.decode), prefill_s=self._seconds(part, self.prefill),
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,

@@ -11,7 +11,7 @@ class ModelFigures(BaseModel):
     params: int
     active_params: int
     weight_bytes: int  # under the target precision's recipe
-    pattern: str  # one code per sub-layer: * attention, - FFN, L linear, 0 removed
+    pattern: str  # one code per sub-layer: * attention, M Mamba, - MLP, E MoE, L linear, 0 removed
     quality: Quality
     decode_tokens_per_second: float
 
@@ -36,7 +36,7 @@ class Report(BaseModel):
     measured_speedup: float  # decode, same harness for both
     kl_to_parent: float
     perplexity_ratio: float
-    blocks: list[dict[str, str]]  # per layer: attention (kv<heads>, linear, noop) and FFN (w<width>, linear, noop)
+    blocks: list[dict[str, str]]  # per layer: its mixer and FFN choices (`library.part_label`), "" where absent
     rounds: list[RoundSummary]
     stage_seconds: dict[str, float]
     wall_seconds: float
@@ -56,15 +56,15 @@ class Report(BaseModel):
             f"{self.measured_speedup:.3f} |", "",
             f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
             f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
-            f"Pattern (attention, FFN per layer; L linear, 0 removed): `{c.pattern}`", "",
+            f"Pattern (* attention, M Mamba, - MLP, E MoE; L linear, 0 removed): `{c.pattern}`", "",
             "| round | achieved | score | GKD loss first -> last |", "| --- | --- | --- | --- |",
         ]
         for r in self.rounds:
             achieved = ", ".join(f"{k} {v}" for k, v in r.achieved.items())
             losses = f"{r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f}"
             lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {losses} |")
-        lines += ["", "| layer | attention | FFN |", "| --- | --- | --- |"]
-        lines += [f"| {i} | {b['attention']} | {b['ffn']} |" for i, b in enumerate(self.blocks)]
+        lines += ["", "| layer | mixer | FFN |", "| --- | --- | --- |"]
+        lines += [f"| {i} | {b['mixer'] or '–'} | {b['ffn'] or '–'} |" for i, b in enumerate(self.blocks)]
         lines += ["", "| stage | seconds |", "| --- | --- |"]
         lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
         lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]

@@ -21,7 +21,7 @@ def branch_output(branch: tuple[torch.nn.Module, torch.nn.Module] | None, x: tor
 
 
 def test_the_library_offers_smaller_options_only() -> None:
-    attention = slot_variants(Slot(0, 0, "attention", ATTENTION), ATTENTION, Library())
+    attention = slot_variants(Slot(0, 0, "mixer", ATTENTION), ATTENTION, Library())
     assert [v.label for v in attention] == ["kv2", "kv1", "linear", "noop"]
     ffn = Mlp(intermediate_size=256, gated=True)
     narrowed = Mlp(intermediate_size=128, gated=True)
@@ -39,7 +39,7 @@ def test_pooling_identical_kv_heads_changes_nothing() -> None:
             proj.weight[8:] = proj.weight[:8]
     current = (RMSNorm(HIDDEN, 1e-5), attention)
     x = torch.randn(2, 10, HIDDEN)
-    variant = Variant(slot=0, kind="attention", part=ATTENTION.model_copy(update={"num_kv_heads": 1}))
+    variant = Variant(slot=0, kind="mixer", part=ATTENTION.model_copy(update={"num_kv_heads": 1}))
     pooled = init_variant(variant, current, x, SETTINGS)
     torch.testing.assert_close(branch_output(pooled, x), branch_output(current, x), atol=1e-5, rtol=1e-5)
 
