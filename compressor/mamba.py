@@ -101,22 +101,27 @@ class Mamba2(nn.Module):
             cache.conv.copy_(window[..., -cache.conv.shape[-1]:])
         return F.silu(out).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, cache: MambaCache | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+        """The input of out_proj, and the scan's B and C per group ([batch, T, groups, state] each)."""
         p = self.part
         batch, tokens, _ = x.shape
         z, xbc, dt = self.in_proj(x).split([p.inner, p.conv_dim, p.num_heads], dim=-1)
         xs, b, c = self._convolve(xbc, cache).split([p.inner, p.n_groups * p.state_size,
                                                      p.n_groups * p.state_size], dim=-1)
+        b, c = (t.float().view(batch, tokens, p.n_groups, p.state_size) for t in (b, c))
         per_group = p.num_heads // p.n_groups
-        b, c = (t.float().view(batch, tokens, p.n_groups, p.state_size).repeat_interleave(per_group, 2)
-                for t in (b, c))
         xs = xs.float().view(batch, tokens, p.num_heads, p.head_dim)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp_min(self.time_step_min)
         initial = cache.ssm if cache is not None and cache.length else None
-        y, state = scan(xs, dt, -self.A_log.float().exp(), b, c, initial)
+        y, state = scan(xs, dt, -self.A_log.float().exp(), b.repeat_interleave(per_group, 2),
+                        c.repeat_interleave(per_group, 2), initial)
         if cache is not None:
             cache.ssm.copy_(state)
             cache.length += tokens
         y = y + xs * self.D.float()[:, None]
-        result: torch.Tensor = self.out_proj(self.norm(y.reshape(batch, tokens, p.inner), z).to(x.dtype))
+        return self.norm(y.reshape(batch, tokens, p.inner), z).to(x.dtype), b, c
+
+    def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
+        result: torch.Tensor = self.out_proj(self.mix(x, cache)[0])
         return result

@@ -131,8 +131,12 @@ class GatedMlp(nn.Module):
         self.up_proj = nn.Linear(hidden, width, bias=False)
         self.down_proj = nn.Linear(width, hidden, bias=False)
 
+    def inner(self, x: torch.Tensor) -> torch.Tensor:
+        """The input of down_proj."""
+        return F.silu(self.gate_proj(x)) * self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        result: torch.Tensor = self.down_proj(self.inner(x))
         return result
 
 

@@ -64,7 +64,7 @@ def split_texts(files: list[Path], every: int) -> tuple[list[str], list[str]]:
             [t for i, t in enumerate(texts) if i % every == every - 1])
 
 
-def _sequences(texts: list[str], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
+def token_windows(texts: list[str], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
     """Consecutive `seq_len`-token windows over the concatenated texts, up to `limit` tokens."""
     ids: list[int] = []
     for text in texts:
@@ -81,8 +81,8 @@ def load_splits(plan: Plan, tokenizer: object) -> Splits:
     seq = plan.data.seq_len
     train_need = max(plan.bld.tokens, plan.gkd.tokens)
     heldout_need = plan.scoring_tokens + plan.eval_tokens
-    train = _sequences(train_texts, tokenizer, seq, train_need)
-    heldout = _sequences(heldout_texts, tokenizer, seq, heldout_need + seq)
+    train = token_windows(train_texts, tokenizer, seq, train_need)
+    heldout = token_windows(heldout_texts, tokenizer, seq, heldout_need + seq)
     scoring_rows = -(-plan.scoring_tokens // seq)
     if train.numel() < seq * max(plan.bld.batch, plan.gkd.batch):
         raise DataError(f"data.text: {plan.data.text} gives {train.numel()} training tokens; one training batch "

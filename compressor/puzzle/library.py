@@ -1,21 +1,29 @@
 """Stage 1, the block library: replacement variants for every slot, initialised from the current block.
 
-Attention: fewer KV heads (each new head the mean of a group of old ones), one linear map, or removal.
-FFN: narrower widths keeping the channels with the largest contribution |X_i| * ||W_down[:, i]||, one
-linear map, or removal. Linear maps start at the least-squares fit of the block's output on the
-calibration activations (the optimum of an unnormalised local-distillation loss), which is at least
-as close as the paper's W_up.W_down / W_V.W_O products.
+- Attention: fewer KV heads (each new head the mean of a group of old ones).
+- FFN (gated or ReLU^2): narrower widths keeping the channels with the largest contribution
+  |X_i| * ||W_down[:, i]|| (Puzzle's channel contribution).
+- Mamba-2: fewer heads (the same count in every group), a smaller head dim, a smaller SSM state; heads
+  and head-dim channels ranked by their contribution to out_proj, state channels by mean |B_n * C_n|.
+- MoE: fewer routed experts (ranked by how much removing each changes the routed output), narrower
+  experts (channel contribution on the tokens routed to each), a smaller top-k, a narrower shared expert.
+- Any block: one linear map, or removal. Linear maps start at the least-squares fit of the block's
+  output on the calibration activations (the optimum of an unnormalised local-distillation loss), at
+  least as close as the paper's W_up.W_down / W_V.W_O products.
+Sizes are shares of the parent's, so a later Iterative Puzzle round offers the same sizes again.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from typing import Annotated
 
 import torch
-from pydantic import BaseModel, ConfigDict
-from torch import nn
+from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Attention, Linear, Mlp, NoOp, Part
+from tailor.compressor.architecture import Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.mamba import Mamba2
 from tailor.compressor.modeling import (
     Branch,
     GatedMlp,
@@ -27,6 +35,7 @@ from tailor.compressor.modeling import (
     build_branch,
     residual,
 )
+from tailor.compressor.moe import MixtureOfExperts, ReluSquaredMlp
 from tailor.compressor.puzzle.plan import Library
 
 WIDTH_MULTIPLE = 16
@@ -39,8 +48,13 @@ class Variant(BaseModel):
 
     slot: int
     kind: str
-    part: Attention | Mlp | Linear | NoOp
+    part: Annotated[Attention | Mamba | Mlp | Moe | Linear | NoOp, Field(discriminator="kind")]
     is_current: bool = False
+
+    @property
+    def state(self) -> int | None:
+        """The SSM state size of a Mamba variant (one size for every Mamba block)."""
+        return self.part.state_size if isinstance(self.part, Mamba) else None
 
     @property
     def label(self) -> str:
@@ -48,12 +62,41 @@ class Variant(BaseModel):
 
 
 def part_label(part: Part) -> str:
-    """Short name of a sub-layer choice: kv<heads>, w<width>, linear or noop."""
+    """Short name of a sub-layer choice: kv<heads>; w<width>; h<heads>d<head dim>s<state> (Mamba);
+    e<experts>k<top-k>w<expert width>s<shared width> (MoE); linear; noop."""
     if isinstance(part, Attention):
         return f"kv{part.num_kv_heads}"
     if isinstance(part, Mlp):
         return f"w{part.intermediate_size}"
+    if isinstance(part, Mamba):
+        return f"h{part.num_heads}d{part.head_dim}s{part.state_size}"
+    if isinstance(part, Moe):
+        return f"e{part.num_experts}k{part.top_k}w{part.expert_width}s{part.shared_width}"
     return "linear" if isinstance(part, Linear) else "noop"
+
+
+def _sizes(parent: int, shares: list[float], current: int, multiple: int = 1) -> list[int]:
+    """Sizes from shares of the parent's, rounded to `multiple`, at most the current size, largest first."""
+    sizes = {max(multiple, round(share * parent / multiple) * multiple) for share in [1.0, *shares]}
+    return sorted({min(size, current) for size in sizes}, reverse=True)
+
+
+def _mamba_options(current: Mamba, parent: Mamba, library: Library) -> list[Part]:
+    heads = _sizes(parent.num_heads, library.mamba_heads, current.num_heads, parent.n_groups)
+    dims = _sizes(parent.head_dim, library.mamba_head_dims, current.head_dim)
+    states = _sizes(parent.state_size, library.ssm_states, current.state_size)
+    return [current.model_copy(update={"num_heads": h, "head_dim": d, "state_size": n})
+            for h, d, n in itertools.product(heads, dims, states)]
+
+
+def _moe_options(current: Moe, parent: Moe, library: Library) -> list[Part]:
+    experts = _sizes(parent.num_experts, library.experts_kept, current.num_experts)
+    top_k = _sizes(parent.top_k, library.top_k, current.top_k)
+    widths = _sizes(parent.expert_width, library.expert_widths, current.expert_width, WIDTH_MULTIPLE)
+    shared = _sizes(parent.shared_width, library.shared_widths, current.shared_width, WIDTH_MULTIPLE) \
+        if current.shared_width else [0]
+    return [current.model_copy(update={"num_experts": e, "top_k": min(k, e), "expert_width": w, "shared_width": s})
+            for e, k, w, s in itertools.product(experts, top_k, widths, shared)]
 
 
 def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Variant]:
@@ -67,15 +110,20 @@ def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Varia
                     if n < current.num_kv_heads and current.num_kv_heads % n == 0]
     elif isinstance(current, Mlp):
         assert isinstance(parent_part, Mlp)
-        widths = {max(WIDTH_MULTIPLE, round(share * parent_part.intermediate_size / WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
-                  for share in library.ffn_widths}
-        options += [Mlp(intermediate_size=w, gated=current.gated) for w in sorted(widths, reverse=True)
-                    if w < current.intermediate_size]
-    if library.linear and isinstance(current, Attention | Mlp):
+        widths = _sizes(parent_part.intermediate_size, library.ffn_widths, current.intermediate_size, WIDTH_MULTIPLE)
+        options += [Mlp(intermediate_size=w, gated=current.gated) for w in widths if w < current.intermediate_size]
+    elif isinstance(current, Mamba):
+        assert isinstance(parent_part, Mamba)
+        options += _mamba_options(current, parent_part, library)
+    elif isinstance(current, Moe):
+        assert isinstance(parent_part, Moe)
+        options += _moe_options(current, parent_part, library)
+    if library.linear and not isinstance(current, Linear | NoOp):
         options.append(Linear())
     if library.no_op and not isinstance(current, NoOp):
         options.append(NoOp())
-    return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(options)]
+    unique = list(dict.fromkeys(options))  # drops options equal to the current part
+    return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(unique)]
 
 
 def _least_squares(inputs: torch.Tensor, outputs: torch.Tensor, ridge: float = 1e-3) -> torch.Tensor:
@@ -117,18 +165,79 @@ def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settin
         for name in ("k_proj", "v_proj"):
             pooled = _pool_heads(getattr(old_op, name).weight, old_op.kv_heads, op.kv_heads, op.head_dim)
             getattr(op, name).weight.copy_(pooled)
-    elif isinstance(op, GatedMlp):
-        assert isinstance(old_op, GatedMlp)
-        keep = channel_contribution(old_op, normed).topk(op.down_proj.in_features).indices.sort().values
-        op.gate_proj.weight.copy_(old_op.gate_proj.weight[keep])
-        op.up_proj.weight.copy_(old_op.up_proj.weight[keep])
-        op.down_proj.weight.copy_(old_op.down_proj.weight[:, keep])
+    elif isinstance(op, GatedMlp | ReluSquaredMlp):
+        assert isinstance(old_op, GatedMlp | ReluSquaredMlp)
+        keep_channels(old_op, op, channel_contribution(old_op, normed))
+    elif isinstance(op, Mamba2):
+        assert isinstance(old_op, Mamba2)
+        prune_mamba(old_op, op, normed)
+    elif isinstance(op, MixtureOfExperts):
+        assert isinstance(old_op, MixtureOfExperts)
+        prune_moe(old_op, op, normed)
     return branch
 
 
-def channel_contribution(mlp: GatedMlp, normed: torch.Tensor) -> torch.Tensor:
+def channel_contribution(mlp: GatedMlp | ReluSquaredMlp, normed: torch.Tensor) -> torch.Tensor:
     """Puzzle's C_i = mean over tokens of |X_i| * ||W_down[:, i]||_2, X the input of down_proj."""
-    inner = nn.functional.silu(mlp.gate_proj(normed)) * mlp.up_proj(normed)
-    activity = inner.abs().reshape(-1, inner.shape[-1]).mean(0)
+    activity = mlp.inner(normed).abs().reshape(-1, mlp.down_proj.in_features).mean(0)
     result: torch.Tensor = activity * mlp.down_proj.weight.norm(dim=0)
     return result
+
+
+def keep_channels(old: GatedMlp | ReluSquaredMlp, new: GatedMlp | ReluSquaredMlp, contribution: torch.Tensor) -> None:
+    """Copy the `new` width's most contributing channels of `old` into `new`."""
+    keep = contribution.topk(new.down_proj.in_features).indices.sort().values
+    for name in ("gate_proj", "up_proj"):
+        if hasattr(new, name):
+            getattr(new, name).weight.copy_(getattr(old, name).weight[keep])
+    new.down_proj.weight.copy_(old.down_proj.weight[:, keep])
+
+
+def prune_mamba(old: Mamba2, new: Mamba2, normed: torch.Tensor) -> None:
+    """Keep the heads, head-dim channels and state channels of `old` that matter most, as `new` sizes them."""
+    p, q = old.part, new.part
+    y, b, c = old.mix(normed)
+    contribution = y.abs().reshape(-1, p.inner).mean(0) * old.out_proj.weight.norm(dim=0)
+    per_head = contribution.view(p.num_heads, p.head_dim)
+    in_group, keep_in_group = p.num_heads // p.n_groups, q.num_heads // q.n_groups
+    best = per_head.sum(1).view(p.n_groups, in_group).topk(keep_in_group, dim=1).indices.sort(dim=1).values
+    heads = (best + torch.arange(p.n_groups)[:, None] * in_group).flatten()
+    dims = per_head[heads].sum(0).topk(q.head_dim).indices.sort().values
+    states = (b.abs() * c.abs()).reshape(-1, p.n_groups, p.state_size).mean(0).topk(q.state_size, dim=1)
+    state_rows = (states.indices.sort(dim=1).values + torch.arange(p.n_groups)[:, None] * p.state_size).flatten()
+    inner = (heads[:, None] * p.head_dim + dims[None, :]).flatten()
+    bc = p.n_groups * p.state_size
+    conv = torch.cat([inner, p.inner + state_rows, p.inner + bc + state_rows])
+    new.in_proj.weight.copy_(old.in_proj.weight[torch.cat([inner, p.inner + conv, p.inner + p.conv_dim + heads])])
+    new.conv1d.weight.copy_(old.conv1d.weight[conv])
+    new.conv1d.bias.copy_(old.conv1d.bias[conv])
+    for name in ("dt_bias", "A_log", "D"):
+        getattr(new, name).copy_(getattr(old, name)[heads])
+    new.norm.weight.copy_(old.norm.weight[inner])
+    new.out_proj.weight.copy_(old.out_proj.weight[:, inner])
+
+
+def prune_moe(old: MixtureOfExperts, new: MixtureOfExperts, normed: torch.Tensor) -> None:
+    """Keep the experts whose removal changes the routed output most, then each one's most contributing
+    channels (on the tokens routed to it); the shared expert by channel contribution; top-k as `new` has it."""
+    flat = normed.reshape(-1, normed.shape[-1])
+    full = old.routed(flat)
+    experts = old.part.num_experts
+    importance = torch.stack([(full - old.routed(flat, banned=torch.arange(experts) == e)).pow(2).sum(-1).mean()
+                              for e in range(experts)])
+    kept = importance.topk(new.part.num_experts).indices.sort().values
+    new.gate.weight.copy_(old.gate.weight[kept])
+    new.gate.e_score_correction_bias.copy_(old.gate.e_score_correction_bias[kept])
+    _, chosen = old.gate(flat)
+    latent = old.to_latent(flat)
+    for index, expert in enumerate(kept.tolist()):
+        routed = (chosen == expert).any(-1)
+        tokens = latent[routed] if routed.any() else latent
+        source, target = old.experts[expert], new.experts[index]
+        assert isinstance(source, ReluSquaredMlp) and isinstance(target, ReluSquaredMlp)
+        keep_channels(source, target, channel_contribution(source, tokens))
+    if new.shared_experts is not None and old.shared_experts is not None:
+        keep_channels(old.shared_experts, new.shared_experts, channel_contribution(old.shared_experts, flat))
+    for name in ("fc1_latent_proj", "fc2_latent_proj"):
+        if getattr(new, name) is not None:
+            getattr(new, name).load_state_dict(getattr(old, name).state_dict())

@@ -167,7 +167,7 @@ class Round:
 
     def search(self, variants: list[list[Variant]], scores: dict[str, Score], prices: dict[str, Price],
                fixed: Price, parent_price: Price) -> tuple[list[Variant], dict[str, Any], list[list[Candidate]]]:
-        candidates = [[Candidate(slot=v.slot, label=v.label, score=scores[f"{v.slot}:{v.label}"].kl,
+        candidates = [[Candidate(slot=v.slot, label=v.label, score=scores[f"{v.slot}:{v.label}"].kl, state=v.state,
                                  price=prices[f"{v.slot}:{v.label}"]) for v in options] for options in variants]
         with self._stage("search"):
             found = solve(candidates, fixed, self.target, limits_for(self.target, parent_price),

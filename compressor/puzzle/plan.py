@@ -58,8 +58,18 @@ class Library(_Spec):
     ffn_widths: list[float] = Field([0.75, 0.5, 0.25], description="FFN widths as shares of the parent's.")
     kv_heads: list[int] | None = Field(None, description="KV head counts to offer; default: every divisor of "
                                                          "the query heads below the parent's count.")
-    linear: bool = Field(True, description="Offer a single linear map for attention and FFN.")
-    no_op: bool = Field(True, description="Offer removing attention and FFN altogether.")
+    linear: bool = Field(True, description="Offer a single linear map for every block.")
+    no_op: bool = Field(True, description="Offer removing every block altogether.")
+    mamba_heads: list[float] = Field([0.75, 0.5], description="Mamba-2 heads as shares of the parent's (the "
+                                                               "same count kept in every group).")
+    mamba_head_dims: list[float] = Field([0.5], description="Mamba-2 head dims as shares of the parent's.")
+    ssm_states: list[float] = Field([0.75], description="SSM state sizes as shares of the parent's; one size is "
+                                                         "chosen for every Mamba block.")
+    expert_widths: list[float] = Field([0.75, 0.5], description="Routed-expert widths as shares of the parent's.")
+    experts_kept: list[float] = Field([0.75], description="Routed experts kept (the least important by removal "
+                                                          "go), as shares of the parent's.")
+    top_k: list[float] = Field([0.5], description="Experts per token as shares of the parent's top-k.")
+    shared_widths: list[float] = Field([], description="Shared-expert widths as shares of the parent's.")
 
 
 class Training(_Spec):

@@ -64,7 +64,7 @@ class Report(BaseModel):
             losses = f"{r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f}"
             lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {losses} |")
         lines += ["", "| layer | mixer | FFN |", "| --- | --- | --- |"]
-        lines += [f"| {i} | {b['mixer'] or '–'} | {b['ffn'] or '–'} |" for i, b in enumerate(self.blocks)]
+        lines += [f"| {i} | {b['mixer'] or '-'} | {b['ffn'] or '-'} |" for i, b in enumerate(self.blocks)]
         lines += ["", "| stage | seconds |", "| --- | --- |"]
         lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
         lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]

@@ -5,6 +5,8 @@
                fixed_r + sum_ij cost_r(ij) x_ij <= limit_r for every limit r (decode and prefill time,
                                                           memory, parameters)
                sum_{ij in y} x_ij <= floor(diversity * slots) for every earlier solution y
+               sum_{j: state_ij = s} x_ij <= z_s, sum_s z_s = 1  (one SSM state size for every Mamba block,
+                                                          as serving engines require; z_s binary)
 
 An infeasible target names the limit that cannot be met and the best value the library reaches.
 `pareto` sweeps the throughput target to draw quality against predicted speed. No torch here.
@@ -32,6 +34,7 @@ class Candidate(BaseModel):
     label: str
     score: float
     price: Price
+    state: int | None = None  # SSM state size of a Mamba variant: the same for every Mamba block
 
 
 class Limit(BaseModel):
@@ -98,34 +101,41 @@ def _milp(slots: list[list[Candidate]], fixed: Price, target: Target, limits: li
           diversity: float) -> list[Candidate] | None:
     positions = [i for i, options in enumerate(slots) for _ in options]
     flat = [c for options in slots for c in options]
-    n = len(flat)
+    states = sorted({c.state for c in flat if c.state is not None})
+    n, width = len(flat), len(flat) + len(states)  # one binary z_s per state size after the x_ij
     rows: list[np.ndarray] = []
     lower: list[float] = []
     upper: list[float] = []
-    start = 0
-    for options in slots:
-        row = np.zeros(n)
-        row[start:start + len(options)] = 1
+
+    def add(values: list[float] | np.ndarray, low: float, high: float) -> None:
+        row = np.zeros(width)
+        row[:len(values)] = values
         rows.append(row)
-        lower.append(1)
-        upper.append(1)
-        start += len(options)
+        lower.append(low)
+        upper.append(high)
+
+    for slot in range(len(slots)):
+        add([1.0 if i == slot else 0.0 for i in positions], 1, 1)
     fixed_totals = _totals([], fixed, target)
     for limit in limits:  # scaled by the limit: HiGHS's feasibility tolerance is absolute (about 1e-7)
         scale = abs(limit.limit) or 1.0
-        rows.append(np.array([limit.amount(c.price, target) for c in flat]) / scale)
-        lower.append(-np.inf)
-        upper.append((limit.limit - fixed_totals[limit.resource]) / scale)
+        add(np.array([limit.amount(c.price, target) for c in flat]) / scale, -np.inf,
+            (limit.limit - fixed_totals[limit.resource]) / scale)
     shared = math.floor(diversity * len(slots))
     for labels in exclude:
-        rows.append(np.array([1.0 if labels[i] == c.label else 0.0 for i, c in zip(positions, flat, strict=True)]))
-        lower.append(-np.inf)
-        upper.append(shared)
-    result = milp(c=np.array([objective(c) for c in flat]), integrality=np.ones(n), bounds=Bounds(0, 1),
+        add([1.0 if labels[i] == c.label else 0.0 for i, c in zip(positions, flat, strict=True)], -np.inf, shared)
+    if states:
+        add([0.0] * n + [1.0] * len(states), 1, 1)
+        for slot in sorted({i for i, c in zip(positions, flat, strict=True) if c.state is not None}):
+            for k, state in enumerate(states):
+                row = [1.0 if i == slot and c.state == state else 0.0 for i, c in zip(positions, flat, strict=True)]
+                add(row + [-1.0 if j == k else 0.0 for j in range(len(states))], -np.inf, 0)
+    costs = np.array([objective(c) for c in flat] + [0.0] * len(states))
+    result = milp(c=costs, integrality=np.ones(width), bounds=Bounds(0, 1),
                   constraints=LinearConstraint(np.array(rows), lower, upper))
     if result.status != 0 or result.x is None:
         return None
-    return [c for c, x in zip(flat, result.x, strict=True) if x > 0.5]
+    return [c for c, x in zip(flat, result.x[:n], strict=True) if x > 0.5]
 
 
 def _diagnose(slots: list[list[Candidate]], fixed: Price, target: Target, limits: list[Limit]) -> str:
@@ -168,8 +178,9 @@ def solve(slots: list[list[Candidate]], fixed: Price, target: Target, limits: li
 def pareto(slots: list[list[Candidate]], fixed: Price, target: Target, parent: Price,
            points: int = 12) -> list[dict[str, float]]:
     """Best score at evenly spaced decode speed-ups from 1x to the fastest child the library allows."""
-    fastest = fixed.decode_s + sum(min(c.price.decode_s for c in options) for options in slots)
-    top = parent.decode_s / fastest
+    fastest = _milp(slots, fixed, target, [], lambda c: c.price.decode_s, [], 1.0)
+    assert fastest is not None, "without limits every library has a child"
+    top = parent.decode_s / _totals(fastest, fixed, target)["decode_s"]
     front = []
     for step in range(points):
         ratio = 1.0 + (top - 1.0) * step / (points - 1)
