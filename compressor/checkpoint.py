@@ -188,6 +188,9 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
                 entry["block_type"] = kind
         config.update(architectures=["NemotronHPuzzleForCausalLM"], model_type="nemotron_h_puzzle",
                       block_configs=entries)
+        states = {layer.state_size for layer in arch.mamba_layers()}
+        if len(states) == 1:  # engines that read only the model-wide field get the one state size right
+            config["ssm_state_size"] = states.pop()
         return config
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
                   num_hidden_layers=len(arch.blocks))

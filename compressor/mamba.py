@@ -3,7 +3,8 @@
 Parameter names and shapes follow Hugging Face NemotronH: `in_proj` (gate z, conv input xBC, time step
 dt), a depthwise causal `conv1d` with bias, per-head `A_log`, `D` and `dt_bias`, a gated group RMS norm
 `norm`, and `out_proj`. The state-space scan is computed in its quadratic (attention-like) form over the
-whole sequence, which is exact and simple; a one-token call with a `MambaCache` is the recurrent step.
+sequence in chunks of `CHUNK` tokens (exact, and simple), each chunk starting from the state the previous
+one left; a one-token call with a `MambaCache` is the recurrent step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tailor.compressor.architecture import Mamba
+
+CHUNK = 256  # tokens per quadratic scan: memory grows with CHUNK^2, not with the sequence length^2
 
 
 @dataclass
@@ -113,14 +116,20 @@ class Mamba2(nn.Module):
         per_group = p.num_heads // p.n_groups
         xs = xs.float().view(batch, tokens, p.num_heads, p.head_dim)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp_min(self.time_step_min)
-        initial = cache.ssm if cache is not None and cache.length else None
-        y, state = scan(xs, dt, -self.A_log.float().exp(), b.repeat_interleave(per_group, 2),
-                        c.repeat_interleave(per_group, 2), initial)
-        if cache is not None:
+        b, c = b.repeat_interleave(per_group, 2), c.repeat_interleave(per_group, 2)
+        a = -self.A_log.float().exp()
+        state: torch.Tensor | None = cache.ssm if cache is not None and cache.length else None
+        outputs = []
+        for start in range(0, tokens, CHUNK):  # chunk by chunk, each starting from the state the last one left
+            part = slice(start, start + CHUNK)
+            y, state = scan(xs[:, part], dt[:, part], a, b[:, part], c[:, part], state)
+            outputs.append(y)
+        y = torch.cat(outputs, 1)
+        if cache is not None and state is not None:
             cache.ssm.copy_(state)
             cache.length += tokens
         y = y + xs * self.D.float()[:, None]
-        return self.norm(y.reshape(batch, tokens, p.inner), z).to(x.dtype), b, c
+        return self.norm(y.reshape(batch, tokens, p.inner), z).to(x.dtype), b[:, :, ::per_group], c[:, :, ::per_group]
 
     def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
         result: torch.Tensor = self.out_proj(self.mix(x, cache)[0])

@@ -51,7 +51,7 @@ class Router(nn.Module):
 
     def __init__(self, hidden: int, experts: int, top_k: int, routing: Routing) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(experts, hidden))
+        self.weight = nn.Parameter(torch.randn(experts, hidden) * 0.02)  # fresh: tokens spread over experts
         self.register_buffer("e_score_correction_bias", torch.zeros(experts))
         self.top_k, self.routing = top_k, routing
 

@@ -26,7 +26,7 @@ from tailor.compressor.mamba import Mamba2
 from tailor.compressor.modeling import Decoder
 
 NAME = "tiny-nemotron-h"
-STEPS, BATCH, SEQ_LEN, LR, SEED = 400, 8, 128, 3e-3, 0
+STEPS, BATCH, SEQ_LEN, LR, SEED = 300, 4, 128, 3e-3, 0
 
 
 def config(vocab_size: int, bos: int | None, eos: int | None) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def build(model_config: dict[str, Any], seed: int = SEED) -> Decoder:
     decoder = Decoder(architecture_from_config(model_config, NAME), settings_from_config(model_config, NAME))
     low, high = model_config["time_step_min"], model_config["time_step_max"]
     with torch.no_grad():
-        for name, weight in decoder.named_parameters():
+        for weight in decoder.parameters():
             if weight.dim() == 2:
                 weight.normal_(0.0, 0.02)
         for module in decoder.modules():

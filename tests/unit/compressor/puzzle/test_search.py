@@ -96,3 +96,26 @@ def test_the_pareto_front_is_monotone() -> None:
     assert front[0]["kl"] == pytest.approx(0.0)
     assert all(b["kl"] >= a["kl"] - 1e-9 for a, b in itertools.pairwise(front))
     assert all(b["throughput"] >= a["throughput"] - 1e-9 for a, b in itertools.pairwise(front))
+
+
+def with_states(slots: list[list[Candidate]], seed: int) -> list[list[Candidate]]:
+    """Slots 0, 2 and 4 become Mamba blocks: their variants carry an SSM state size (None for a removal)."""
+    rng = random.Random(seed)
+    return [[c.model_copy(update={"state": rng.choice([16, 12, 8, None]) if j else 16}) if i % 2 == 0 else c
+             for j, c in enumerate(row)] for i, row in enumerate(slots)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_ssm_state_size_for_every_mamba_block_and_still_optimal(seed: int) -> None:
+    slots, parent = instance(seed, options=5)
+    slots = with_states(slots, seed)
+    target = Target(gpu="cpu", throughput=1.4)
+    best = solve(slots, FIXED, target, limits_for(target, parent))[0]
+    chosen = [next(c for c in row if c.label == label) for row, label in zip(slots, best.labels, strict=True)]
+    assert len({c.state for c in chosen if c.state is not None}) <= 1
+    uniform = [combo for combo in itertools.product(*slots)
+               if len({c.state for c in combo if c.state is not None}) <= 1]
+    limit = parent.decode_s / 1.4
+    expected = min(sum(c.score for c in combo) for combo in uniform
+                   if FIXED.decode_s + sum(c.price.decode_s for c in combo) <= limit + 1e-9)
+    assert best.score == pytest.approx(expected, abs=1e-6)
