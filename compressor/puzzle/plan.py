@@ -90,7 +90,9 @@ class Data(_Spec):
 class Plan(_Spec):
     """A complete compression run."""
 
-    parent: str = Field("smollm2-135m", description="A model folder, or 'smollm2-135m' (fetched on first use).")
+    parent: str = Field("smollm2-135m", description="A model folder, 'smollm2-135m' (fetched on first use) or "
+                                                     "'tiny-nemotron-h' (a toy NemotronH hybrid, trained on first "
+                                                     "use).")
     data: Data = Data()
     target: Target
     library: Library = Library()
@@ -106,6 +108,8 @@ class Plan(_Spec):
     seed: int = 0
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     measure_tokens: int = Field(64, gt=0, description="Decode steps in the measured tokens/s figure.")
+    measure_context: int = Field(2048, gt=0, description="The measured tokens/s figure runs on this machine at the "
+                                                         "target's batch and at most this many cached tokens.")
 
     @classmethod
     def load(cls, path: Path) -> Plan:

@@ -1,10 +1,11 @@
 """Stage 4, costs: what each variant costs on the target, from the cost model of `tailor.compressor.costs`.
 
 Per variant: decode seconds (one token for `batch` requests holding `context` tokens), prefill seconds
-(`batch` prompts of `context` tokens), weight bytes under the precision's recipe, KV bytes per token
-and parameters. Times come from the roofline on the target GPU profile, or are measured with torch
-(`tailor.compressor.measure`) when this machine is the target. What is not a block (embeddings, final
-norm, LM head) is a fixed cost shared by every candidate. No torch is imported unless measuring.
+(`batch` prompts of `context` tokens), weight bytes under the precision's recipe, KV bytes per token, Mamba
+state bytes per request and parameters. Times come from the roofline on the target GPU profile, or are
+measured with torch (`tailor.compressor.measure`) when this machine is the target. What is not a block
+(embeddings, final norm, LM head) is a fixed cost shared by every candidate. No torch is imported unless
+measuring.
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from tailor.compressor.architecture import Architecture, Attention, Block, Part
+from tailor.compressor.architecture import Architecture, Attention, Block, Mamba, Part
 from tailor.compressor.costs import CostModel, Phase, Workload
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
-from tailor.compressor.memory import KV_BYTES, KvDtype, block_weight_bytes, preferred_kv_dtype, recipe_for, weight_bytes
+from tailor.compressor.memory import (
+    KV_BYTES,
+    KvDtype,
+    block_weight_bytes,
+    mamba_state_bytes,
+    preferred_kv_dtype,
+    recipe_for,
+    weight_bytes,
+)
 from tailor.compressor.puzzle.plan import CostSource, Target
 
 
@@ -27,10 +36,15 @@ class Price(BaseModel):
     weight_bytes: float
     kv_bytes_per_token: float
     params: int
+    state_bytes: float = 0.0  # Mamba state (SSM + convolution window) one request holds
 
     def memory_bytes(self, target: Target) -> float:
-        """Weights plus the KV cache of `batch` requests at `context` tokens."""
-        return self.weight_bytes + target.batch * target.context * self.kv_bytes_per_token
+        """Weights plus the KV cache and Mamba state of `batch` requests at `context` tokens."""
+        return self.weight_bytes + target.batch * (target.context * self.kv_bytes_per_token + self.state_bytes)
+
+    @classmethod
+    def total(cls, prices: list[Price]) -> Price:
+        return cls(**{name: sum(getattr(p, name) for p in prices) for name in cls.model_fields})
 
 
 def kv_dtype_for(target: Target, gpu: GpuProfile) -> KvDtype:
@@ -72,9 +86,10 @@ class Pricer:
         hidden = self.arch.hidden_size
         block = Block(mixer=part) if kind == "mixer" else Block(ffn=part)
         kv = part.kv_elements_per_token() * KV_BYTES[self.kv_dtype] if isinstance(part, Attention) else 0
+        state = mamba_state_bytes([part], self.arch.ssm_cache_dtype).total if isinstance(part, Mamba) else 0
         return Price(decode_s=self._seconds(part, self.decode), prefill_s=self._seconds(part, self.prefill),
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
-                     params=int(sum(part.params(hidden).values())))
+                     params=int(sum(part.params(hidden).values())), state_bytes=state)
 
     @functools.cached_property
     def fixed(self) -> Price:

@@ -34,6 +34,7 @@ class Report(BaseModel):
     cost_source: str
     predicted_speedup: float  # decode, from the search's cost model
     measured_speedup: float  # decode, same harness for both
+    measured_on: str  # where and at what workload the measured figures were taken
     kl_to_parent: float
     perplexity_ratio: float
     blocks: list[dict[str, str]]  # per layer: its mixer and FFN choices (`library.part_label`), "" where absent
@@ -54,6 +55,7 @@ class Report(BaseModel):
             f"{self.perplexity_ratio:.3f} |",
             f"| decode tokens/s (measured) | {p.decode_tokens_per_second:.1f} | {c.decode_tokens_per_second:.1f} | "
             f"{self.measured_speedup:.3f} |", "",
+            f"Measured on {self.measured_on}.", "",
             f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
             f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
             f"Pattern (* attention, M Mamba, - MLP, E MoE; L linear, 0 removed): `{c.pattern}`", "",

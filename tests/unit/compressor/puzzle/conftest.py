@@ -1,4 +1,5 @@
-"""A tiny random Llama parent with SmolLM2's tokenizer, and plans that run the pipeline on it in seconds."""
+"""Tiny parents with SmolLM2's tokenizer (a random Llama; the trained toy NemotronH hybrid), and plans that run
+the pipeline on them in seconds."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def tiny_parent(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2 / name, folder / name)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid() -> Path:
+    """The toy NemotronH trained on Shakespeare (`tailor data fetch`; about two minutes the first time)."""
+    from tailor.compressor.tiny_hybrid import fetch_tiny_hybrid
+
+    return fetch_tiny_hybrid()
 
 
 def tiny_plan(parent: Path, **changes: Any) -> dict[str, Any]:
