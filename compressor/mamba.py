@@ -110,8 +110,8 @@ class Mamba2(nn.Module):
         p = self.part
         batch, tokens, _ = x.shape
         z, xbc, dt = self.in_proj(x).split([p.inner, p.conv_dim, p.num_heads], dim=-1)
-        xs, b, c = self._convolve(xbc, cache).split([p.inner, p.n_groups * p.state_size,
-                                                     p.n_groups * p.state_size], dim=-1)
+        xs, b, c = torch.split(self._convolve(xbc, cache), [p.inner, p.n_groups * p.state_size,
+                                                            p.n_groups * p.state_size], dim=-1)
         b, c = (t.float().view(batch, tokens, p.n_groups, p.state_size) for t in (b, c))
         per_group = p.num_heads // p.n_groups
         xs = xs.float().view(batch, tokens, p.num_heads, p.head_dim)

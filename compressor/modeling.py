@@ -133,7 +133,8 @@ class GatedMlp(nn.Module):
 
     def inner(self, x: torch.Tensor) -> torch.Tensor:
         """The input of down_proj."""
-        return F.silu(self.gate_proj(x)) * self.up_proj(x)
+        result: torch.Tensor = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return result
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = self.down_proj(self.inner(x))
@@ -253,7 +254,8 @@ class HybridLayer(nn.Module):
         part = block.mixer if block.mixer is not None else block.ffn
         assert part is not None
         branch = build_branch(self.kind, part, hidden, settings)
-        self.norm, self.mixer = branch if branch is not None else (None, None)
+        self.norm: nn.Module | None = branch[0] if branch is not None else None
+        self.mixer: nn.Module | None = branch[1] if branch is not None else None
 
     def branch(self, kind: str) -> Branch:
         assert kind == self.kind, f"this layer's branch is a {self.kind}, not a {kind}"
@@ -347,8 +349,11 @@ class Decoder(nn.Module):
         like = self.embedding.weight
         caches: list[Cache] = []
         for layer in self.layers:
-            branch = layer.branch("mixer") if isinstance(layer, Layer) or layer.kind == "mixer" else None
-            op = branch[1] if branch is not None else None
-            caches.append(op.new_cache(batch, capacity, like) if isinstance(op, SelfAttention) else
-                          op.new_cache(batch, like) if isinstance(op, Mamba2) else None)
+            op = layer.self_attn if isinstance(layer, Layer) else layer.mixer
+            cache: Cache = None
+            if isinstance(op, SelfAttention):
+                cache = op.new_cache(batch, capacity, like)
+            elif isinstance(op, Mamba2):
+                cache = op.new_cache(batch, like)
+            caches.append(cache)
         return caches

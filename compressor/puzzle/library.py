@@ -210,6 +210,7 @@ def prune_mamba(old: Mamba2, new: Mamba2, normed: torch.Tensor) -> None:
     conv = torch.cat([inner, p.inner + state_rows, p.inner + bc + state_rows])
     new.in_proj.weight.copy_(old.in_proj.weight[torch.cat([inner, p.inner + conv, p.inner + p.conv_dim + heads])])
     new.conv1d.weight.copy_(old.conv1d.weight[conv])
+    assert new.conv1d.bias is not None and old.conv1d.bias is not None
     new.conv1d.bias.copy_(old.conv1d.bias[conv])
     for name in ("dt_bias", "A_log", "D"):
         getattr(new, name).copy_(getattr(old, name)[heads])
