@@ -1,14 +1,15 @@
 """Time block variants with torch on this machine's device, as Puzzle measures costs on the target.
 
 Each part of a block (attention with its KV cache, Mamba-2 with its state, dense MLP, mixture of
-experts, linear replacement) is built at its real shapes with random BF16 weights and timed
-on the current device (CUDA where present, else CPU). Results are cached per device in a JSON file,
-so a search run re-measures nothing it has seen. Importing this module imports torch: the operator
-never does.
+experts, linear replacement) is built with its norm at its real shapes with random BF16 weights, and its
+residual branch `x + op(norm(x))` is timed on the current device (CUDA where present, else CPU). Results
+are cached per device in a JSON file, so a search run re-measures nothing it has seen. Importing this
+module imports torch: the operator never does.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import platform
@@ -20,13 +21,13 @@ from pathlib import Path
 import torch
 
 from tailor.compressor import sources
-from tailor.compressor.architecture import Attention, Mamba, NoOp, Part
+from tailor.compressor.architecture import Attention, Mamba, Part
 from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.mamba import Mamba2
-from tailor.compressor.modeling import ModelSettings, SelfAttention, build_ffn, build_mixer
+from tailor.compressor.modeling import Decoder, KVCache, ModelSettings, SelfAttention, build_branch, residual
 
 DTYPE = torch.bfloat16
-KEY_VERSION = 3  # bump when the timed modules change, so cached timings are not reused
+KEY_VERSION = 4  # bump when the timed modules change, so cached timings are not reused
 
 
 def device() -> torch.device:
@@ -40,28 +41,26 @@ def device_name(dev: torch.device) -> str:
 
 
 def _runner(part: Part, hidden: int, work: Workload, dev: torch.device) -> Callable[[], object]:
-    """A closure that runs the part once on the workload, inputs and caches prepared beforehand. Every part
-    is the project's own modeling module, as the models it compresses run it."""
+    """A closure that runs the part's residual branch (norm, op, add) once on the workload, inputs and caches
+    prepared beforehand. Every part is the project's own modeling module, as the models it compresses run it."""
     tokens = 1 if work.phase is Phase.DECODE else work.context
     x = torch.randn(work.batch, tokens, hidden, device=dev, dtype=DTYPE)
-    if isinstance(part, NoOp):
+    branch = build_branch("mixer" if isinstance(part, Attention | Mamba) else "ffn", part, hidden, ModelSettings())
+    if branch is None:
         return lambda: x
-    build = build_mixer if isinstance(part, Attention | Mamba) else build_ffn
-    module = build(part, hidden, ModelSettings())
-    assert module is not None
-    module = module.to(dev, DTYPE).eval()
-    if work.phase is not Phase.DECODE or not isinstance(module, SelfAttention | Mamba2):
-        return lambda: module(x)
-    if isinstance(module, Mamba2):
-        cache = module.new_cache(work.batch, x)
+    norm, op = (module.to(dev, DTYPE).eval() for module in branch)
+    branch = (norm, op)
+    if work.phase is not Phase.DECODE or not isinstance(op, SelfAttention | Mamba2):
+        return lambda: residual(branch, x)
+    if isinstance(op, Mamba2):
+        cache = op.new_cache(work.batch, x)
         cache.length = work.context  # a state after `context` tokens: decode is one recurrent step
-        return lambda: module(x, cache)
-    kv = module.new_cache(work.batch, work.context + 1, x)
+        return lambda: residual(branch, x, cache)
+    kv = op.new_cache(work.batch, work.context + 1, x)
 
     def step() -> torch.Tensor:
         kv.length = work.context  # the new token goes after `context` cached ones, every call
-        result: torch.Tensor = module(x, kv)
-        return result
+        return residual(branch, x, kv)
 
     return step
 
@@ -86,6 +85,27 @@ def time_call(run: Callable[[], object], dev: torch.device, min_seconds: float =
             sync()
             samples.append(time.perf_counter() - begin)
     return statistics.median(samples)
+
+
+def decode_step_seconds(model: Decoder, batch: int, context: int) -> float:
+    """One decode step of a whole model (a BF16 copy) for `batch` requests after `context` tokens, timed as the
+    parts are: the median of single steps, each appending its token after the same `context` cached ones."""
+    runner = copy.deepcopy(model).to(DTYPE).eval()
+    dev = runner.embedding.weight.device
+    with torch.inference_mode():
+        caches = runner.new_caches(batch, context + 1)
+        prompt = torch.randint(0, model.arch.vocab_size, (batch, context), device=dev,
+                               generator=torch.Generator(dev).manual_seed(0))
+        token = runner(prompt, caches)[:, -1:].argmax(-1)
+
+        def step() -> torch.Tensor:
+            for cache in caches:
+                if isinstance(cache, KVCache):
+                    cache.length = context
+            result: torch.Tensor = runner(token, caches)[:, -1:].argmax(-1)
+            return result
+
+        return time_call(step, dev)
 
 
 class MeasuredCosts:

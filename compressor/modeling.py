@@ -290,6 +290,7 @@ class Decoder(nn.Module):
     def __init__(self, arch: Architecture, settings: ModelSettings) -> None:
         super().__init__()
         self.arch, self.settings = arch, settings
+        self._slots = self._list_slots(arch)
         if settings.family == "llama":
             self.model = LlamaBody(arch, settings)
         else:
@@ -313,8 +314,12 @@ class Decoder(nn.Module):
         return layers
 
     def slots(self) -> list[Slot]:
+        return self._slots
+
+    @staticmethod
+    def _list_slots(arch: Architecture) -> list[Slot]:
         out: list[Slot] = []
-        for layer, block in enumerate(self.arch.blocks):
+        for layer, block in enumerate(arch.blocks):
             for kind, part in (("mixer", block.mixer), ("ffn", block.ffn)):
                 if part is not None:
                     out.append(Slot(len(out), layer, kind, part))

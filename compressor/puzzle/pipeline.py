@@ -30,7 +30,7 @@ import torch
 from tailor.compressor import sources, tiny_hybrid
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, save_decoder
 from tailor.compressor.files import write_json, write_text
-from tailor.compressor.measure import MeasuredCosts
+from tailor.compressor.measure import MeasuredCosts, decode_step_seconds
 from tailor.compressor.memory import recipe_for, weight_bytes
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
@@ -210,6 +210,12 @@ def compress(plan: Plan, out: Path) -> Report | None:
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
     pricer = Pricer(parent.arch, plan.target, MeasuredCosts(dev=device) if source is CostSource.MEASURED else None)
     with log.stage("costs.parent"):
+        if source is CostSource.MEASURED:
+            whole = decode_step_seconds(parent, plan.target.batch, plan.target.context)
+            blocks = sum(pricer.price(slot.part, slot.kind).decode_s for slot in parent.slots())
+            pricer.calibrate_decode(whole, blocks)
+            log(f"costs: a parent decode step takes {whole * 1e3:.2f} ms, its blocks {blocks * 1e3:.2f} ms when timed "
+                f"alone; the rest ({pricer.fixed.decode_s * 1e3:.2f} ms) is the fixed cost")
         fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
     parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
     current, rounds = parent, []

@@ -10,7 +10,6 @@ measuring.
 
 from __future__ import annotations
 
-import functools
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -76,6 +75,14 @@ class Pricer:
         self.model = CostModel(self.gpu, self.recipe, self.kv_dtype, arch.ssm_cache_dtype)
         self.decode = Workload(phase=Phase.DECODE, batch=target.batch, context=target.context)
         self.prefill = Workload(phase=Phase.PREFILL, batch=target.batch, context=target.context)
+        self.fixed = self._fixed()
+
+    def calibrate_decode(self, parent_step_s: float, parent_blocks_s: float) -> None:
+        """Measured costs: a whole decode step of the parent, timed, minus its blocks' timings becomes the fixed
+        decode cost (LM head, embedding, and the per-step work between blocks that timing blocks alone misses),
+        so predicted speed-ups are ratios of real steps."""
+        self.fixed = self.fixed.model_copy(update={"decode_s": max(self.fixed.decode_s,
+                                                                   parent_step_s - parent_blocks_s)})
 
     def _seconds(self, part: Part, work: Workload) -> float:
         if self.timer is not None:
@@ -91,9 +98,8 @@ class Pricer:
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
                      params=int(sum(part.params(hidden).values())), state_bytes=state)
 
-    @functools.cached_property
-    def fixed(self) -> Price:
-        """Embeddings, final norm and LM head: the whole model minus its blocks (measured once)."""
+    def _fixed(self) -> Price:
+        """Embeddings, final norm and LM head: the whole model minus its blocks."""
         arch, hidden = self.arch, self.arch.hidden_size
         blocks_bytes = sum(block_weight_bytes(block, hidden, self.recipe) for block in arch.blocks)
         blocks_params = sum(int(sum(block.params(hidden).values())) for block in arch.blocks)

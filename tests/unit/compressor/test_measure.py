@@ -66,3 +66,23 @@ def test_measurements_are_cached_per_device(tmp_path: Path, monkeypatch: pytest.
 def test_calibration_reports_positive_peaks() -> None:
     figures = measure.calibrate()
     assert figures["tflops_bf16"] > 0 and figures["bandwidth_gbps"] > 0
+
+
+def test_a_whole_decode_step_is_timed_like_its_blocks(tmp_path: Path) -> None:
+    """The pipeline calibrates its fixed cost as (whole step - blocks timed alone): both must be comparable."""
+    from tailor.compressor.architecture import Architecture, Block
+    from tailor.compressor.modeling import Decoder, ModelSettings
+    from tailor.compressor.puzzle.plan import Target
+    from tailor.compressor.puzzle.pricing import Pricer
+
+    block = Block(mixer=PARTS[0], ffn=PARTS[3])
+    arch = Architecture(name="tiny", hidden_size=HIDDEN, vocab_size=500, tie_word_embeddings=True, blocks=[block] * 3)
+    model = Decoder(arch, ModelSettings()).eval()
+    whole = measure.decode_step_seconds(model, batch=2, context=32)
+    target = Target(gpu="cpu", batch=2, context=32, throughput=1.1)
+    pricer = Pricer(arch, target, measure.MeasuredCosts(cache_file=tmp_path / "cpu.json"))
+    blocks = sum(pricer.price(slot.part, slot.kind).decode_s for slot in model.slots())
+    head = pricer.fixed.decode_s
+    assert 0 < blocks < whole
+    pricer.calibrate_decode(whole, blocks)
+    assert pricer.fixed.decode_s == pytest.approx(max(head, whole - blocks))
