@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from tailor.compressor import sources
+from tailor.compressor import sources, training
 from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.checkpoint import settings_from_config, write_checkpoint
 from tailor.compressor.mamba import Mamba2
@@ -64,30 +63,8 @@ def build(model_config: dict[str, Any], seed: int = SEED) -> Decoder:
     return decoder
 
 
-def train(decoder: Decoder, sequences: torch.Tensor, steps: int, lr: float, batch: int) -> list[float]:
-    """Next-token training with AdamW and a cosine schedule; the loss of every step."""
-    optimiser = torch.optim.AdamW(decoder.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    generator = torch.Generator().manual_seed(SEED)
-    decoder.train()
-    losses: list[float] = []
-    started = time.monotonic()
-    for step in range(1, steps + 1):
-        ids = sequences[torch.randint(0, len(sequences), (batch,), generator=generator)]
-        logits = decoder(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(decoder.parameters(), 1.0)
-        optimiser.step()
-        schedule.step()
-        losses.append(loss.item())
-        if step % 50 == 0 or step == steps:
-            eta = (time.monotonic() - started) / step * (steps - step)
-            print(f"{NAME}: step {step}/{steps}, loss {losses[-1]:.3f}, eta {eta:.0f}s", file=sys.stderr, flush=True)
-    decoder.eval()
-    return losses
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def fetch_tiny_hybrid() -> Path:
@@ -107,6 +84,11 @@ def fetch_tiny_hybrid() -> Path:
     decoder = build(model_config)
     print(f"training {NAME} ({decoder.arch.total_params:,} parameters) on {sequences.numel():,} tokens",
           file=sys.stderr)
-    losses = train(decoder, sequences, STEPS, LR, BATCH)
+    def next_token_loss(ids: torch.Tensor) -> torch.Tensor:
+        logits = decoder(ids)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+    losses = training.train(decoder, next_token_loss, sequences, steps=STEPS, lr=LR, batch=BATCH, seed=SEED,
+                            warmup=20, progress=_progress, label=NAME, weight_decay=0.01, report_every=50)
     write_checkpoint(decoder, final, {**model_config, "training_loss": round(losses[-1], 4)}, tokenizer_dir)
     return final

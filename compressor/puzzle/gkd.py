@@ -7,11 +7,11 @@ adding the LM loss hurt). The budget is `gkd.tokens` training tokens.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
+from tailor.compressor import training
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.bld import Progress
 from tailor.compressor.puzzle.plan import Training
@@ -42,28 +42,7 @@ def distill(child: Decoder, parent: Decoder, train: torch.Tensor, budget: Traini
             progress: Progress) -> list[float]:
     """Train `child` in place; the loss of every step."""
     parent.eval()
-    child.train()
-    optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
     steps = max(1, math.ceil(budget.tokens / (budget.batch * train.shape[1])))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    generator = torch.Generator().manual_seed(seed)
-    autocast = torch.autocast(train.device.type, dtype=torch.bfloat16)
-    losses = []
-    started = time.monotonic()
-    for step in range(1, steps + 1):
-        rows = torch.randint(0, train.shape[0], (budget.batch,), generator=generator)
-        with autocast:
-            loss = gkd_loss(child, parent, train[rows])
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
-        optimiser.step()
-        schedule.step()
-        losses.append(loss.item())
-        if step % 5 == 0 or step == steps:
-            eta = (time.monotonic() - started) / step * (steps - step)
-            progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "
-                     f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
-    child.eval()
-    return losses
+    return training.train(child, lambda ids: gkd_loss(child, parent, ids), train, steps=steps, lr=budget.lr,
+                          batch=budget.batch, seed=seed, warmup=max(1, steps // 10), progress=progress, label="gkd",
+                          bf16=True)
