@@ -396,6 +396,11 @@ def _nemotron_h_types(f: _Fields) -> list[str]:
     return types
 
 
+def nemotron_h_block_types(config: dict[str, Any], source: str = "config.json") -> list[str]:
+    """Block types of a NemotronH config (mamba, moe, attention, mlp), from its pattern or type list."""
+    return _nemotron_h_types(_Fields(config, source))
+
+
 def _nemotron_h_part(kind: str, f: _Fields) -> Attention | Mamba | Moe | Mlp | Linear | NoOp:
     """One NemotronH block from model-wide fields, overridden per block for Puzzle children."""
     if f.flag("no_op", False):

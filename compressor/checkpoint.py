@@ -33,6 +33,7 @@ from tailor.compressor.architecture import (
     NoOp,
     Part,
     architecture_from_config,
+    nemotron_h_block_types,
 )
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, ModelSettings
@@ -156,11 +157,11 @@ def block_configs(arch: Architecture) -> list[dict[str, Any]]:
 
 def hybrid_block_configs(arch: Architecture) -> list[dict[str, Any]]:
     """`nemotron_h_puzzle` block_configs: each block's type and its own sizes."""
-    return [_hybrid_entry(block.mixer if block.mixer is not None else block.ffn, index, block.mixer is not None)
+    return [_hybrid_entry(block.mixer if block.mixer is not None else block.ffn, index)
             for index, block in enumerate(arch.blocks)]
 
 
-def _hybrid_entry(part: Part | None, index: int, is_mixer: bool) -> dict[str, Any]:
+def _hybrid_entry(part: Part | None, index: int) -> dict[str, Any]:
     if isinstance(part, Mamba):
         return {"block_type": "mamba", "mamba_num_heads": part.num_heads, "mamba_head_dim": part.head_dim,
                 "ssm_state_size": part.state_size, "n_groups": part.n_groups}
@@ -183,7 +184,7 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
     config = {key: value for key, value in parent_config.items() if key not in ("architectures", "model_type")}
     if parent_config.get("model_type") in NEMOTRON_H_TYPES:
         entries = hybrid_block_configs(arch)
-        for entry, kind in zip(entries, _parent_types(parent_config), strict=True):
+        for entry, kind in zip(entries, nemotron_h_block_types(parent_config), strict=True):
             if entry["block_type"] is None:
                 entry["block_type"] = kind
         config.update(architectures=["NemotronHPuzzleForCausalLM"], model_type="nemotron_h_puzzle",
@@ -195,15 +196,6 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
                   num_hidden_layers=len(arch.blocks))
     return config
-
-
-def _parent_types(config: dict[str, Any]) -> list[str]:
-    """Block types of a NemotronH config, in the names block_configs use."""
-    codes = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
-    if "hybrid_override_pattern" in config:
-        return [codes[code] for code in config["hybrid_override_pattern"]]
-    aliases = {"linear_attention": "mamba", "full_attention": "attention"}
-    return [aliases.get(kind, kind) for kind in config["layers_block_type"]]
 
 
 def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tokenizer_from: Path) -> None:
