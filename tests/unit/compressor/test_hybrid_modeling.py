@@ -57,6 +57,7 @@ def test_logits_equal_transformers_nemotron_h(variant: str, tmp_path: Path) -> N
         reference = NemotronHForCausalLM.from_pretrained(folder).eval()(ids).logits
         ours = load_decoder(folder)(ids)
     assert reference.std() > 0.2  # not a degenerate model that anything would match
+    print(f"{variant}: max |dlogit| {(ours - reference).abs().max():.1e}, logit std {reference.std():.2f}")
     torch.testing.assert_close(ours, reference, atol=2e-5, rtol=1e-5)
     assert load_architecture(folder).total_params == sum(p.numel() for p in load_decoder(folder).parameters())
 
@@ -89,6 +90,8 @@ def test_transformers_loads_what_the_project_writes(tmp_path: Path) -> None:
         reference = NemotronHForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()(ids).logits
         ours = load_decoder(tmp_path / "ours")(ids)
     assert reference.std() > 0.2
+    print(f"written by the project: max |dlogit| {(ours - reference).abs().max():.1e}, logit std "
+          f"{reference.std():.2f}")
     torch.testing.assert_close(ours, reference, atol=2e-5, rtol=1e-5)
 
 
