@@ -8,6 +8,8 @@ Parents are `llama`/`mistral` or `nemotron_h` folders. Children follow the publi
   parent's layer pattern, and one `block_configs` entry per block with its `block_type` and the
   model-wide fields it overrides (Mamba heads, head dim and state; KV heads; MLP width; experts, top-k,
   expert and shared-expert widths), or `no_op` / `replace_with_linear`.
+Quantized folders are modelopt exports (`hf_quant_config.json`, a `quantization_config` in config.json);
+their quantized layers load as the project's NVFP4 / FP8 layers (`tailor.compressor.quantize.restore`).
 A folder is written under a temporary name and renamed when complete.
 """
 
@@ -119,6 +121,14 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
     except ValueError as error:
         raise CheckpointError(f"{source}: {error}") from error
     tensors = _weights(folder)
+    quantized = "quantization_config" in config
+    if quantized:  # a modelopt export: its quantized layers become the project's NVFP4 / FP8 layers
+        from tailor.compressor.quantize.restore import QuantizedCheckpointError, swap_quantized_layers
+
+        try:
+            swap_quantized_layers(decoder, tensors, folder)
+        except QuantizedCheckpointError as error:
+            raise CheckpointError(str(error)) from error
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     expected = {name: p.shape for name, p in decoder.state_dict().items() if name != "lm_head.weight"
@@ -132,6 +142,10 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
                    if names]
         raise CheckpointError(f"{folder}: weights do not match config.json ({'; '.join(details)})")
     decoder.load_state_dict(tensors, strict=not arch.tie_word_embeddings)
+    if quantized:
+        from tailor.compressor.quantize.restore import refresh_quantized
+
+        refresh_quantized(decoder)
     return decoder.to(dtype)
 
 

@@ -45,6 +45,7 @@ class QuantRecipe(BaseModel):
     bits: float = Field(gt=0, le=BF16_BITS)
     quantized: frozenset[TensorGroup]
     modelopt_config: str | None = Field(description="The modelopt preset this recipe follows.")
+    weight_only: bool = Field(default=False, description="Activations stay BF16 (e.g. W4A16).")
 
     def bits_for(self, group: TensorGroup) -> float:
         return self.bits if group in self.quantized else BF16_BITS
@@ -62,6 +63,8 @@ RECIPES = {recipe.name: recipe for recipe in (
                 modelopt_config="MAMBA_MOE_FP8_AGGRESSIVE_CFG"),
     QuantRecipe(name="nvfp4", precision=Precision.NVFP4, bits=4.5, quantized=_LINEAR_LAYERS,
                 modelopt_config="NVFP4_DEFAULT_CFG"),
+    QuantRecipe(name="nvfp4-w4a16", precision=Precision.NVFP4, bits=4.5, quantized=_LINEAR_LAYERS,
+                modelopt_config="W4A16_NVFP4_CFG", weight_only=True),
     QuantRecipe(name="nvfp4-mamba-moe", precision=Precision.NVFP4, bits=4.5, quantized=_MAMBA_MOE,
                 modelopt_config="MAMBA_MOE_NVFP4_AGGRESSIVE_CFG"),
     QuantRecipe(name="nvfp4-mamba-moe-conservative", precision=Precision.NVFP4, bits=4.5,

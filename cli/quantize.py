@@ -1,0 +1,50 @@
+"""`tailor quantize`: post-training quantization with nvidia-modelopt, exported as a standard checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  tailor quantize --model runs/smollm2/child --out runs/smollm2/child-fp8 --gpu H100      # auto: FP8 on Hopper
+  tailor quantize --model runs/smollm2/child --out runs/smollm2/child-nvfp4 --gpu B200    # auto: NVFP4
+  tailor quantize --model DIR --out DIR --format nvfp4-w4a16 --parent PARENT_DIR --json
+
+The folder appears only when complete: weights, config.json with quantization_config,
+hf_quant_config.json, the tokenizer and quantization.json (the report). NVFP4 layers are evaluated on CPU
+by computing from the exported packed weights (`tailor.compressor.quantize.nvfp4`).
+"""
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from tailor.compressor.hardware import GpuCatalog
+    from tailor.compressor.puzzle.pipeline import resolve_parent
+    from tailor.compressor.quantize.pipeline import QuantizeJob, run
+
+    gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
+    job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format,
+                      parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
+                      calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
+    report = run(job, gpu)
+    print(report.model_dump_json(indent=2) if args.json else report.markdown())
+    return 0
+
+
+def add_parser(nouns: Any) -> None:
+    from tailor.compressor.quantize.recipes import QuantFormat
+
+    parser = nouns.add_parser("quantize", help="quantize a model (NVFP4, FP8) with modelopt and export it",
+                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model folder, or smollm2-135m / tiny-nemotron-h")
+    parser.add_argument("--out", type=Path, required=True, help="the quantized checkpoint folder to write")
+    parser.add_argument("--format", type=QuantFormat, choices=list(QuantFormat), default=QuantFormat.AUTO,
+                        help="auto picks nvfp4 where the --gpu computes in it (Blackwell), else fp8")
+    parser.add_argument("--gpu", help="target GPU profile (e.g. H100, B200); needed by --format auto")
+    parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
+    parser.add_argument("--parent", help="the parent's folder, to report KL to it too")
+    parser.add_argument("--text", default="shakespeare", help="calibration/evaluation text (default: shakespeare)")
+    parser.add_argument("--calibration-tokens", type=int, default=4096)
+    parser.add_argument("--eval-tokens", type=int, default=4096)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=_quantize)

@@ -1,0 +1,153 @@
+"""`tailor quantize`: calibrate with modelopt, export, reload the export with the project's loader and
+measure what quantization cost, all before the output folder appears.
+
+    out/model.safetensors, config.json (with quantization_config), hf_quant_config.json, tokenizer files
+    out/quantization.json   the report (written into the staged folder, which is renamed when complete)
+
+Calibration uses the training works of the text and evaluation the held-out ones (whole works, as in
+`tailor compress`). Quality is measured on the reloaded export, so it is the quality of what is shipped:
+perplexity, KL to the unquantized model and, given its folder, KL to the parent.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import save_file
+from transformers import AutoTokenizer
+
+from tailor.compressor.checkpoint import TOKENIZER_FILES, load_decoder, read_config
+from tailor.compressor.files import staged_folder, write_json
+from tailor.compressor.hardware import GpuProfile
+from tailor.compressor.memory import RECIPES, weight_bytes
+from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
+from tailor.compressor.puzzle.evaluate import Quality, quality
+from tailor.compressor.puzzle.pipeline import Log
+from tailor.compressor.quantize.ptq import calibrate, export
+from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
+
+REPORT_FILE = "quantization.json"
+BF16 = RECIPES["bf16"]
+
+
+class QuantizeJob(BaseModel):
+    """What one `tailor quantize` run does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Path = Field(description="The model folder to quantize (a parent or a Puzzle child).")
+    out: Path = Field(description="The quantized checkpoint folder to write.")
+    format: QuantFormat = QuantFormat.AUTO
+    parent: Path | None = Field(None, description="The parent folder, to report KL to it as well.")
+    text: str = Field("shakespeare", description="Calibration and evaluation text (see `tailor compress`).")
+    heldout_every: int = Field(8, ge=2)
+    seq_len: int = Field(256, ge=16)
+    calibration_tokens: int = Field(4096, ge=16, description="Tokens of the training works run through the "
+                                                               "model to calibrate input scales.")
+    eval_tokens: int = Field(4096, ge=16, description="Held-out tokens the quality figures are measured on.")
+    batch: int = Field(4, ge=1)
+
+
+class Figures(BaseModel):
+    quality: Quality
+    kl_to_parent: float | None
+
+
+class QuantReport(BaseModel):
+    model: str
+    out: str
+    format: str
+    recipe: str
+    modelopt_config: str
+    reason: str
+    quant_algo: str
+    quantized_layers: int
+    excluded_layers: list[str]
+    repairs: list[str]
+    bytes_before: int  # safetensors files of the source folder
+    bytes_after: int
+    bf16_weight_bytes: int  # the memory model's count in BF16
+    predicted_weight_bytes: int  # the memory model's count for the recipe (what sizing uses)
+    unquantized: Figures
+    quantized: Figures
+    calibration_tokens: int
+    eval_tokens: int
+    stage_seconds: dict[str, float]
+
+    def markdown(self) -> str:
+        before, after = self.unquantized, self.quantized
+        rows = [f"# Quantization report: {self.recipe}", "", self.reason, "",
+                "| | unquantized | quantized |", "| --- | --- | --- |",
+                f"| weight bytes (files) | {self.bytes_before:,} | {self.bytes_after:,} |",
+                f"| weight bytes vs BF16 | {self.bf16_weight_bytes:,} | {self.bytes_after / self.bf16_weight_bytes:.3f}x |",
+                f"| held-out perplexity | {before.quality.perplexity:.3f} | {after.quality.perplexity:.3f} |",
+                f"| KL to the unquantized model | 0 | {after.quality.kl:.4f} |"]
+        if after.kl_to_parent is not None and before.kl_to_parent is not None:
+            rows.append(f"| KL to the parent | {before.kl_to_parent:.4f} | {after.kl_to_parent:.4f} |")
+        rows += ["", f"{self.quantized_layers} layers in {self.quant_algo}; left in BF16: "
+                 f"{', '.join(self.excluded_layers) or 'none'}. Memory model: {self.predicted_weight_bytes:,} "
+                 "weight bytes."]
+        rows += [f"Repaired: {repair}" for repair in self.repairs]
+        return "\n".join(rows) + "\n"
+
+
+def _file_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+
+
+def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
+    log = Log()
+    model = load_decoder(job.model).eval()
+    recipe, reason = choose_recipe(job.format, model.arch, gpu)
+    log(reason)
+    tokenizer = AutoTokenizer.from_pretrained(job.model)
+    train_texts, heldout_texts = split_texts(text_files(job.text), job.heldout_every)
+    calibration = token_windows(train_texts, tokenizer, job.seq_len, job.calibration_tokens)
+    held_out = token_windows(heldout_texts, tokenizer, job.seq_len, job.eval_tokens)
+    if calibration.numel() == 0 or held_out.numel() == 0:
+        raise ValueError(f"text {job.text}: too short for one {job.seq_len}-token calibration and evaluation window")
+    parent = load_decoder(job.parent).eval() if job.parent is not None else None
+    with log.stage("calibrate"):
+        calibrated = copy.deepcopy(model)
+        layers = calibrate(calibrated, recipe, list(calibration.split(job.batch)), log)
+    with log.stage("export"):
+        tensors, quant_config, repairs = export(calibrated, read_config(job.model))
+        for repair in repairs:
+            log(f"repaired hf_quant_config.json: {repair}")
+    with staged_folder(job.out) as staging:
+        save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
+        write_json(staging / "hf_quant_config.json", quant_config)
+        from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+        config = {**read_config(job.model), "torch_dtype": "bfloat16",
+                  "quantization_config": convert_hf_quant_config_format(quant_config)}
+        write_json(staging / "config.json", config)
+        for name in TOKENIZER_FILES:
+            if (job.model / name).exists():
+                shutil.copy2(job.model / name, staging / name)
+        with log.stage("evaluate"):
+            restored = load_decoder(staging).eval()
+            figures = {}
+            for label, candidate in (("unquantized", model), ("quantized", restored)):
+                figures[label] = Figures(quality=quality(candidate, model, held_out, job.batch),
+                                         kl_to_parent=None if parent is None
+                                         else quality(candidate, parent, held_out, job.batch).kl)
+                log(f"{label}: perplexity {figures[label].quality.perplexity:.3f}, KL to the unquantized "
+                    f"{figures[label].quality.kl:.4f}")
+        section = quant_config["quantization"]
+        report = QuantReport(
+            model=str(job.model), out=str(job.out), format=job.format.value, recipe=recipe.name,
+            modelopt_config=str(recipe.modelopt_config), reason=reason, quant_algo=section["quant_algo"],
+            quantized_layers=len(layers), excluded_layers=section["exclude_modules"], repairs=repairs,
+            bytes_before=_file_bytes(job.model), bytes_after=_file_bytes(staging),
+            predicted_weight_bytes=weight_bytes(model.arch, recipe), bf16_weight_bytes=weight_bytes(model.arch, BF16), calibration_tokens=calibration.numel(),
+            eval_tokens=held_out.numel(), stage_seconds=log.seconds, **figures)
+        write_json(staging / REPORT_FILE, json.loads(report.model_dump_json()))
+    return report
+

@@ -1,0 +1,114 @@
+"""Post-training quantization with nvidia-modelopt and its Hugging Face export, on the project's `Decoder`.
+
+`calibrate` inserts modelopt's quantizers from the recipe's preset, runs the calibration batches
+(max calibration: per-tensor amax of weights and inputs), then leaves enabled exactly the layers the
+recipe prices as quantized. `export` runs modelopt's unified HF exporter on the calibrated model: FP8
+weights with per-tensor scales, or NVFP4 packed two values a byte with FP8 block scales, a float32
+global scale and, for W4A4, the calibrated input scale. The exporter's quantization config is then
+checked against the tensors it wrote and repaired where it is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import modelopt.torch.quantization as mtq
+import torch
+from modelopt.torch.export.unified_export_hf import _export_transformers_checkpoint
+from transformers import PretrainedConfig
+
+from tailor.compressor.memory import QuantRecipe
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.quantize.recipes import tensor_group
+
+SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
+
+
+def quantizable_layers(model: torch.nn.Module) -> list[str]:
+    """Names of the linear layers (plain or carrying modelopt quantizers)."""
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+@torch.no_grad()
+def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor],
+              progress: Callable[[str], None] = lambda _: None) -> list[str]:
+    """Quantize `model` in place with the recipe's modelopt preset, calibrated on `batches` of token ids;
+    return the names of the quantized layers. Raises if the preset and the recipe disagree."""
+    if recipe.modelopt_config is None:
+        raise ValueError(f"recipe {recipe.name} quantizes nothing")
+    preset = copy.deepcopy(getattr(mtq, recipe.modelopt_config))
+
+    def forward_loop(module: torch.nn.Module) -> None:
+        for index, batch in enumerate(batches, 1):
+            module(batch)
+            if index == len(batches) or index % max(1, len(batches) // 4) == 0:
+                progress(f"calibration batch {index}/{len(batches)}")
+
+    with contextlib.redirect_stdout(sys.stderr):  # modelopt prints; stdout carries the report
+        mtq.quantize(model, preset, forward_loop)
+    quantized = []
+    for name in quantizable_layers(model):
+        module = model.get_submodule(name)
+        if tensor_group(name) not in recipe.quantized:
+            for quantizer in (module.weight_quantizer, module.input_quantizer):
+                quantizer.disable()
+        elif module.weight_quantizer.is_enabled:
+            quantized.append(name)
+        else:
+            raise ValueError(f"{name}: recipe {recipe.name} quantizes {tensor_group(name).value} layers but "
+                             f"{recipe.modelopt_config} left it unquantized")
+    return quantized
+
+
+def export(model: Decoder, config: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[str]]:
+    """modelopt's HF export of a calibrated model: (tensors as they go to safetensors, hf_quant_config, the
+    repairs made to it). Unquantized tensors are cast to BF16; scales stay float32. Consumes `model`."""
+    # The exporter reads the HF config and device of the model it is given, as on a transformers model.
+    model.config = PretrainedConfig(**config)
+    model.device = next(model.parameters()).device
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        # modelopt 0.47 wraps tensors in torch.tensor() (a UserWarning) and prints its progress
+        warnings.simplefilter("ignore", UserWarning)
+        state, quant_config = _export_transformers_checkpoint(model, torch.bfloat16)
+    tensors = {name: _stored(name, tensor) for name, tensor in state.items()}
+    repairs = repair_exclusions(quant_config, tensors, quantizable_layers(model))
+    return tensors, quant_config, repairs
+
+
+def _stored(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype == torch.float32 and not name.endswith(SCALE_SUFFIXES):
+        tensor = tensor.to(torch.bfloat16)
+    return tensor.contiguous()
+
+
+def repair_exclusions(quant_config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                      linear_layers: list[str]) -> list[str]:
+    """Make `quantization.exclude_modules` say exactly which layers the export left unquantized.
+
+    Entries that are not module names or patterns (modelopt 0.47 leaks a renaming sentinel on NemotronH:
+    'lm_head.\\x00backbone.pt_name_sentinel') are dropped, entries that would exclude a quantized layer
+    are dropped, and unquantized linear layers no entry covers are added. Returns what was changed."""
+    section = quant_config.setdefault("quantization", {})
+    quantized = {name.removesuffix(".weight_scale") for name in tensors if name.endswith(".weight_scale")}
+    repairs: list[str] = []
+    kept: list[str] = []
+    for entry in section.get("exclude_modules") or []:
+        if not isinstance(entry, str) or not entry.isprintable() or "sentinel" in entry:
+            repairs.append(f"dropped the malformed exclude_modules entry {entry!r}")
+        elif any(fnmatch.fnmatchcase(name, entry) for name in quantized):
+            repairs.append(f"dropped exclude_modules entry {entry!r}: it matches quantized layers")
+        else:
+            kept.append(entry)
+    for name in linear_layers:
+        if name not in quantized and not any(fnmatch.fnmatchcase(name, entry) for entry in kept):
+            kept.append(name)
+            repairs.append(f"added {name!r} to exclude_modules: the export left it unquantized")
+    section["exclude_modules"] = kept
+    return repairs

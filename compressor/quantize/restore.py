@@ -1,0 +1,79 @@
+"""Loading a modelopt export into the project's `Decoder`, quantized layers and all.
+
+Plain transformers does not: it warns "Unknown quantization type" and loads FP8 weights without their
+scales. Here a layer is quantized exactly when the export holds a `weight_scale` for it; its format
+comes from the stored weight (uint8: NVFP4 packed, float8_e4m3fn: FP8) and its inputs are quantized
+when an `input_scale` is stored. The result is checked against `hf_quant_config.json`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tailor.compressor.quantize.fp8 import Fp8Linear
+from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
+
+ALGORITHMS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
+
+
+class QuantizedCheckpointError(ValueError):
+    """A quantized export whose tensors and quantization config disagree; the message names the file."""
+
+
+def read_quant_config(folder: Path) -> dict[str, Any]:
+    path = folder / "hf_quant_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise QuantizedCheckpointError(f"{path}: unreadable ({error}); a modelopt export writes it") from error
+    section = config.get("quantization") if isinstance(config, dict) else None
+    if not isinstance(section, dict) or section.get("quant_algo") not in ALGORITHMS:
+        raise QuantizedCheckpointError(f"{path}: field 'quantization.quant_algo' must be one of "
+                                       f"{', '.join(ALGORITHMS)}")
+    return config
+
+
+def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+    """Replace each linear layer the export quantized by its `Nvfp4Linear` / `Fp8Linear`; return the format
+    of each replaced layer. Call `refresh_quantized` after loading the state dict."""
+    source = folder / "hf_quant_config.json"
+    section = read_quant_config(folder)["quantization"]
+    expected = ALGORITHMS[section["quant_algo"]]
+    excluded = section.get("exclude_modules") or []
+    formats: dict[str, str] = {}
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear):
+            continue
+        is_excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in excluded)
+        stored = tensors.get(f"{name}.weight")
+        if f"{name}.weight_scale" not in tensors:
+            if not is_excluded:
+                raise QuantizedCheckpointError(f"{source}: {name} is stored unquantized but not in exclude_modules")
+            continue
+        if is_excluded:
+            raise QuantizedCheckpointError(f"{source}: {name} is stored quantized but matches exclude_modules")
+        if stored is not None and stored.dtype == torch.uint8:
+            replacement: nn.Module = Nvfp4Linear(module.in_features, module.out_features,
+                                                 quantize_inputs=f"{name}.input_scale" in tensors)
+            kind = "nvfp4"
+        else:
+            replacement, kind = Fp8Linear(module.in_features, module.out_features), "fp8"
+        if kind != expected:
+            raise QuantizedCheckpointError(f"{source}: quant_algo is {section['quant_algo']} but {name} is "
+                                           f"stored as {kind}")
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, replacement)
+        formats[name] = kind
+    return formats
+
+
+def refresh_quantized(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, Nvfp4Linear | Fp8Linear):
+            module.refresh()
