@@ -14,12 +14,9 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import time
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
 from tailor.compressor.checkpoint import TOKENIZER_FILES, load_decoder, read_config
@@ -29,7 +26,7 @@ from tailor.compressor.memory import RECIPES, weight_bytes
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import Quality, quality
 from tailor.compressor.puzzle.pipeline import Log
-from tailor.compressor.quantize.ptq import calibrate, export
+from tailor.compressor.quantize.ptq import calibrate, export, write_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
 
 REPORT_FILE = "quantization.json"
@@ -85,7 +82,8 @@ class QuantReport(BaseModel):
         rows = [f"# Quantization report: {self.recipe}", "", self.reason, "",
                 "| | unquantized | quantized |", "| --- | --- | --- |",
                 f"| weight bytes (files) | {self.bytes_before:,} | {self.bytes_after:,} |",
-                f"| weight bytes vs BF16 | {self.bf16_weight_bytes:,} | {self.bytes_after / self.bf16_weight_bytes:.3f}x |",
+                f"| weight bytes vs BF16 | {self.bf16_weight_bytes:,} | "
+                f"{self.bytes_after / self.bf16_weight_bytes:.3f}x |",
                 f"| held-out perplexity | {before.quality.perplexity:.3f} | {after.quality.perplexity:.3f} |",
                 f"| KL to the unquantized model | 0 | {after.quality.kl:.4f} |"]
         if after.kl_to_parent is not None and before.kl_to_parent is not None:
@@ -121,13 +119,7 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
         for repair in repairs:
             log(f"repaired hf_quant_config.json: {repair}")
     with staged_folder(job.out) as staging:
-        save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-        write_json(staging / "hf_quant_config.json", quant_config)
-        from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
-
-        config = {**read_config(job.model), "torch_dtype": "bfloat16",
-                  "quantization_config": convert_hf_quant_config_format(quant_config)}
-        write_json(staging / "config.json", config)
+        write_export(staging, tensors, quant_config, read_config(job.model))
         for name in TOKENIZER_FILES:
             if (job.model / name).exists():
                 shutil.copy2(job.model / name, staging / name)
@@ -146,7 +138,8 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
             modelopt_config=str(recipe.modelopt_config), reason=reason, quant_algo=section["quant_algo"],
             quantized_layers=len(layers), excluded_layers=section["exclude_modules"], repairs=repairs,
             bytes_before=_file_bytes(job.model), bytes_after=_file_bytes(staging),
-            predicted_weight_bytes=weight_bytes(model.arch, recipe), bf16_weight_bytes=weight_bytes(model.arch, BF16), calibration_tokens=calibration.numel(),
+            predicted_weight_bytes=weight_bytes(model.arch, recipe), bf16_weight_bytes=weight_bytes(model.arch, BF16),
+            calibration_tokens=calibration.numel(),
             eval_tokens=held_out.numel(), stage_seconds=log.seconds, **figures)
         write_json(staging / REPORT_FILE, json.loads(report.model_dump_json()))
     return report

@@ -16,13 +16,17 @@ import fnmatch
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import modelopt.torch.quantization as mtq
 import torch
+from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 from modelopt.torch.export.unified_export_hf import _export_transformers_checkpoint
+from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
+from tailor.compressor.files import write_json
 from tailor.compressor.memory import QuantRecipe
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.quantize.recipes import tensor_group
@@ -112,3 +116,13 @@ def repair_exclusions(quant_config: dict[str, Any], tensors: dict[str, torch.Ten
             repairs.append(f"added {name!r} to exclude_modules: the export left it unquantized")
     section["exclude_modules"] = kept
     return repairs
+
+
+def write_export(folder: Path, tensors: dict[str, torch.Tensor], quant_config: dict[str, Any],
+                 model_config: dict[str, Any]) -> None:
+    """The files of a modelopt HF export: weights, hf_quant_config.json, and config.json carrying the
+    `quantization_config` that serving engines read (quant_method "modelopt")."""
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    write_json(folder / "hf_quant_config.json", quant_config)
+    write_json(folder / "config.json", {**model_config, "torch_dtype": "bfloat16",
+                                        "quantization_config": convert_hf_quant_config_format(quant_config)})

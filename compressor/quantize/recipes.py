@@ -29,10 +29,7 @@ def choose_recipe(fmt: QuantFormat, arch: Architecture, gpu: GpuProfile | None) 
         recipe = recipe_for(precision, arch)
         return recipe, (f"auto: {gpu.name} ({gpu.family}) computes natively in {precision.value}, so "
                         f"{recipe.name} ({recipe.modelopt_config})")
-    if fmt is QuantFormat.NVFP4_W4A16:
-        recipe = RECIPES["nvfp4-w4a16"]
-    else:
-        recipe = recipe_for(Precision(fmt.value), arch)
+    recipe = RECIPES["nvfp4-w4a16"] if fmt is QuantFormat.NVFP4_W4A16 else recipe_for(Precision(fmt.value), arch)
     reason = f"{fmt.value} as asked: {recipe.name} ({recipe.modelopt_config})"
     note = gpu.fallback_note(recipe.precision) if gpu is not None else None
     return recipe, f"{reason}; {note}" if note else reason

@@ -1,0 +1,42 @@
+"""Models shared by the test folders: the real SmolLM2-135M, a tiny random Llama with SmolLM2's tokenizer, and
+the toy NemotronH hybrid trained on Shakespeare."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tailor.compressor import sources
+
+TINY = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 2048,
+        "rope_theta": 100000.0}
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real SmolLM2-135M folder (`tailor data fetch`)."""
+    return sources.fetch_parent()
+
+
+@pytest.fixture(scope="session")
+def tiny_parent(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-parent")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2 / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid() -> Path:
+    """The toy NemotronH trained on Shakespeare (`tailor data fetch`; about two minutes the first time)."""
+    from tailor.compressor.tiny_hybrid import fetch_tiny_hybrid
+
+    return fetch_tiny_hybrid()

@@ -1,0 +1,205 @@
+"""Quantization through real modelopt: calibration, export, repair, and the loader that restores exports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+from safetensors.torch import load_file
+from transformers import PretrainedConfig
+
+from tailor.compressor.architecture import architecture_from_config
+from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, settings_from_config
+from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.memory import RECIPES, weight_bytes
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.quantize.fp8 import Fp8Linear, round_fp8
+from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
+from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
+from tailor.compressor.quantize.ptq import calibrate, export, repair_exclusions, write_export
+from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe, tensor_group
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+HYBRID = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 96,
+          "hidden_size": 64, "hybrid_override_pattern": "M*E-", "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+          "conv_kernel": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "moe_shared_expert_intermediate_size": 48, "moe_latent_size": 32, "intermediate_size": 96}
+
+
+def batches(vocab: int, count: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (2, 24), generator=generator) for _ in range(count)]
+
+
+def quantized_folder(model: Decoder, config: dict[str, Any], recipe: str, folder: Path) -> tuple[Decoder, list[str]]:
+    """Calibrate a copy of `model`, export it into `folder`; (modelopt's fake-quantized model with the scales of
+    the export, the quantized layers)."""
+    calibrated = copy.deepcopy(model)
+    layers = calibrate(calibrated, RECIPES[recipe], batches(model.arch.vocab_size))
+    tensors, quant_config, _ = export(copy.deepcopy(calibrated), config)
+    # what the exporter does first: layers that share an input (q/k/v, gate/up) share its scale
+    calibrated.config, calibrated.device = PretrainedConfig(**config), torch.device("cpu")
+    requantize_resmooth_fused_llm_layers(calibrated)
+    folder.mkdir()
+    write_export(folder, tensors, quant_config, config)
+    return calibrated, layers
+
+
+def test_an_fp8_export_reloads_as_modelopt_quantized_it(tiny_parent: Path, tmp_path: Path) -> None:
+    model = load_decoder(tiny_parent).eval()
+    fake_quant, layers = quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "fp8")
+    assert len(layers) == 4 * 7  # q k v o gate up down in each of the 4 layers; LM head and embedding stay BF16
+    restored = load_decoder(tmp_path / "fp8").eval()
+    stored = load_file(tmp_path / "fp8" / "model.safetensors")
+    x = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(3))
+    for name in layers:
+        ours, theirs = restored.get_submodule(name), fake_quant.get_submodule(name)
+        assert isinstance(ours, Fp8Linear) and stored[f"{name}.weight"].dtype == torch.float8_e4m3fn
+        scale = theirs.weight_quantizer.amax.float() / 448
+        assert torch.equal(stored[f"{name}.weight_scale"], scale)
+        # modelopt's export rounds w / scale to BF16 before FP8 (its fake quantization does not)
+        codes = (theirs.weight.detach().to(torch.bfloat16).float() / scale).to(torch.bfloat16)
+        assert torch.equal(stored[f"{name}.weight"].float(), codes.to(torch.float8_e4m3fn).float())
+        inputs = x[..., :ours.in_features]
+        torch.testing.assert_close(round_fp8(inputs, ours.input_scale), theirs.input_quantizer(inputs), rtol=0,
+                                   atol=1e-6)
+        expected = F.linear(round_fp8(inputs, ours.input_scale), stored[f"{name}.weight"].float() * scale)
+        torch.testing.assert_close(ours(inputs), expected, rtol=0, atol=0)
+
+
+def decode_nvfp4(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4 bytes to values by the format's definition, without modelopt: two E2M1 codes a byte (low nibble
+    first; bit 3 the sign), times the FP8 scale of each block of 16, times the global scale."""
+    nibbles = torch.stack([data & 0x0F, data >> 4], -1).flatten(-2).long()
+    magnitude = E2M1[nibbles & 7]
+    values = torch.where(nibbles & 8 > 0, -magnitude, magnitude)
+    return values * (scale.float().repeat_interleave(16, -1) * global_scale)
+
+
+def test_nvfp4_layers_compute_exactly_from_the_exported_bytes(tiny_parent: Path, tmp_path: Path) -> None:
+    model = load_decoder(tiny_parent).eval()
+    _, layers = quantized_folder(model, read_config(tiny_parent), "nvfp4", tmp_path / "nvfp4")
+    stored = load_file(tmp_path / "nvfp4" / "model.safetensors")
+    restored = load_decoder(tmp_path / "nvfp4").eval()
+    generator = torch.Generator().manual_seed(2)
+    agreement = []
+    for name in layers:
+        layer = restored.get_submodule(name)
+        assert isinstance(layer, Nvfp4Linear) and stored[f"{name}.weight"].dtype == torch.uint8
+        values = decode_nvfp4(stored[f"{name}.weight"], stored[f"{name}.weight_scale"],
+                              stored[f"{name}.weight_scale_2"])
+        assert torch.equal(layer.values, values)
+        x = torch.randn(3, layer.in_features, generator=generator)
+        expected = F.linear(unpack(pack(x, stored[f"{name}.input_scale"])), values)
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+        ours = pack(model.get_submodule(name).weight.detach(), stored[f"{name}.weight_scale_2"])
+        agreement.append((ours.data == stored[f"{name}.weight"]).float().mean().item())
+    # modelopt's exporter packs from BF16-cast weights; the project's packing of the FP32 weights agrees on
+    # nearly every byte
+    assert min(agreement) > 0.97
+
+
+def test_w4a16_leaves_activations_unquantized(tiny_parent: Path, tmp_path: Path) -> None:
+    model = load_decoder(tiny_parent).eval()
+    quantized_folder(model, read_config(tiny_parent), "nvfp4-w4a16", tmp_path / "w4a16")
+    quant = json.loads((tmp_path / "w4a16" / "hf_quant_config.json").read_text())
+    assert quant["quantization"]["quant_algo"] == "W4A16_NVFP4"
+    layer = load_decoder(tmp_path / "w4a16").model.layers[1].mlp.gate_proj
+    assert isinstance(layer, Nvfp4Linear) and layer.input_scale is None
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(layer(x), F.linear(x, unpack(layer.packed())), rtol=0, atol=0)
+
+
+def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) -> None:
+    arch = architecture_from_config(HYBRID)
+    torch.manual_seed(0)
+    model = Decoder(arch, settings_from_config(HYBRID, "test")).eval()
+    recipe = RECIPES["nvfp4-mamba-moe"]
+    _, layers = quantized_folder(model, HYBRID, recipe.name, tmp_path / "hybrid")
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(layers) == sorted(n for n in linear if tensor_group(n) in recipe.quantized)
+    assert "backbone.layers.0.mixer.in_proj" in layers and "backbone.layers.2.mixer.experts.3.down_proj" in layers
+    assert "backbone.layers.1.mixer.q_proj" not in layers  # attention and latent projections stay BF16
+    restored = load_decoder(tmp_path / "hybrid")
+    assert type(restored.backbone.layers[2].mixer.fc1_latent_proj) is torch.nn.Linear
+    stored = load_file(tmp_path / "hybrid" / "model.safetensors")
+    packed = sum(stored[f"{n}.weight"].numel() + stored[f"{n}.weight_scale"].numel() for n in layers)
+    unquantized = weight_bytes(arch, RECIPES["bf16"]) - sum(
+        model.get_submodule(n).weight.numel() * 2 for n in layers)
+    assert packed + unquantized == weight_bytes(arch, recipe)  # the bytes the memory model prices
+
+
+def test_repair_drops_the_nemotron_h_sentinel_and_names_uncovered_layers() -> None:
+    config = {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [
+        "lm_head.\x00backbone.pt_name_sentinel", "backbone.embeddings", "backbone.layers.0*"]}}
+    tensors = {"backbone.layers.0.mixer.in_proj.weight_scale": torch.ones(1),
+               "backbone.layers.2.mixer.up_proj.weight_scale": torch.ones(1)}
+    layers = ["backbone.layers.0.mixer.in_proj", "backbone.layers.1.mixer.q_proj", "backbone.layers.2.mixer.up_proj",
+              "lm_head"]
+    repairs = repair_exclusions(config, tensors, layers)
+    assert config["quantization"]["exclude_modules"] == ["backbone.embeddings", "backbone.layers.1.mixer.q_proj",
+                                                         "lm_head"]
+    assert len(repairs) == 4 and "malformed" in repairs[0] and "matches quantized layers" in repairs[1]
+
+
+def test_a_quantized_folder_that_contradicts_its_config_is_named(tiny_parent: Path, tmp_path: Path) -> None:
+    model = load_decoder(tiny_parent).eval()
+    quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "good")
+    for case, change in (("missing", None), ("excluded", "model.layers.0.self_attn.q_proj"), ("algo", "NVFP4")):
+        folder = tmp_path / case
+        shutil.copytree(tmp_path / "good", folder)
+        quant_file = folder / "hf_quant_config.json"
+        quant = json.loads(quant_file.read_text())
+        if change is None:
+            quant_file.unlink()
+            match = "hf_quant_config.json: unreadable"
+        elif case == "excluded":
+            quant["quantization"]["exclude_modules"].append(change)
+            match = "q_proj is stored quantized but matches exclude_modules"
+        else:
+            quant["quantization"]["quant_algo"] = change
+            match = "quant_algo is NVFP4 but .* is stored as fp8"
+        if change is not None:
+            quant_file.write_text(json.dumps(quant))
+        with pytest.raises(CheckpointError, match=match):
+            load_decoder(folder)
+
+
+def test_auto_picks_nvfp4_on_blackwell_and_fp8_on_hopper_and_ada() -> None:
+    catalog = GpuCatalog.load()
+    llama = architecture_from_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})
+    hybrid = architecture_from_config(HYBRID)
+    picks = {gpu: choose_recipe(QuantFormat.AUTO, llama, catalog.get(gpu))[0].name for gpu in ("B200", "H100", "L40S")}
+    assert picks == {"B200": "nvfp4", "H100": "fp8", "L40S": "fp8"}
+    assert choose_recipe(QuantFormat.AUTO, hybrid, catalog.get("GB200"))[0].name == "nvfp4-mamba-moe"
+    _, reason = choose_recipe(QuantFormat.NVFP4, llama, catalog.get("H100"))
+    assert "no native nvfp4 math" in reason
+    for gpu in (None, catalog.get("A100-80GB")):
+        with pytest.raises(ValueError, match="--format auto"):
+            choose_recipe(QuantFormat.AUTO, llama, gpu)
+
+
+def test_tailor_quantize_writes_a_complete_folder_or_nothing(tiny_parent: Path, tmp_path: Path) -> None:
+    job = QuantizeJob(model=tiny_parent, out=tmp_path / "out", format=QuantFormat.FP8, seq_len=32,
+                      calibration_tokens=256, eval_tokens=128, parent=tiny_parent)
+    report = run(job, None)
+    assert report.quant_algo == "FP8" and report.quantized_layers == 28 and report.repairs == []
+    assert json.loads((tmp_path / "out" / REPORT_FILE).read_text())["recipe"] == "fp8"
+    assert (tmp_path / "out" / "tokenizer.json").exists()
+    assert report.unquantized.quality.kl == 0 and report.quantized.quality.kl > 0
+    assert report.quantized.kl_to_parent == pytest.approx(report.quantized.quality.kl)
+    assert report.bytes_after < report.bytes_before
+    broken = job.model_copy(update={"out": tmp_path / "broken", "text": str(tmp_path / "nowhere")})
+    with pytest.raises(ValueError, match="nowhere"):
+        run(broken, None)
+    assert not list(tmp_path.glob("*broken*"))
