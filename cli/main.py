@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tailor.cli import compress, quantize, size
+from tailor.cli import compress, quantize, serving, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_parser(nouns)
     compress.add_parsers(nouns)
     quantize.add_parser(nouns)
+    serving.add_parsers(nouns)
     return parser
 
 

@@ -1,0 +1,116 @@
+"""`tailor package`, `tailor serve`, `tailor infer`: a model on a real Triton Inference Server."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  tailor package --model runs/smollm2/child-fp8 --out runs/smollm2/triton --name smollm2 --gpu cpu --context 2048
+  tailor serve runs/smollm2/triton --http-port 8000 --grpc-port 8001 --metrics-port 8002
+  tailor infer --url 127.0.0.1:8000 --model smollm2 --prompt "ROMEO:" --max-tokens 32
+  tailor infer --url 127.0.0.1:8001 --protocol grpc --model smollm2 --prompt "ROMEO:" --temperature 0.8 --seed 1
+  tailor infer --url 127.0.0.1:8001 --protocol grpc --stream --model smollm2-stream --prompt "ROMEO:"
+"""
+
+
+def _package(args: argparse.Namespace) -> int:
+    from tailor.compressor.hardware import GpuCatalog
+    from tailor.compressor.puzzle.pipeline import resolve_parent
+    from tailor.compressor.serving.repository import package
+
+    gpu = GpuCatalog.load(args.profiles).get(args.gpu)
+    settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
+                       max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
+                       threads=args.threads)
+    print(settings.model_dump_json(indent=2))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tailor.compressor.serving.repository import repository_of
+    from tailor.compressor.serving.server import Ports, triton_server
+
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with triton_server(repository_of(args.repository), ports, explicit=args.explicit, load=args.load,
+                       log=args.log, timeout=args.timeout) as server:
+        print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url} "
+              f"(log {server.log}); Ctrl-C stops it", file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            if server.process.poll() is not None:
+                print(f"tritonserver exited ({server.process.returncode}):\n{server.log_tail()}", file=sys.stderr)
+                return 1
+    print("tritonserver stopped", file=sys.stderr)
+    return 0
+
+
+def _infer(args: argparse.Namespace) -> int:
+    from tailor.compressor.serving import client
+
+    parameters: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                                  "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                                  "ignore_eos": args.ignore_eos or None}
+    ids = [int(t) for t in args.ids.split(",")] if args.ids else None
+    prompt = None if ids else args.prompt
+    if args.stream:
+        if args.protocol != "grpc":
+            raise ValueError("--stream needs --protocol grpc (Triton streams decoupled models over gRPC)")
+        client.stream(args.url, args.model, lambda text: print(text, end="", flush=True), prompt, ids,
+                      **parameters)
+        print()
+    else:
+        print(client.infer(args.url, args.model, args.protocol, prompt, ids, **parameters).text)
+    return 0
+
+
+def add_parsers(nouns: Any) -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    pack = nouns.add_parser("package", help="write a Triton model repository for a checkpoint", epilog=EXAMPLES,
+                            formatter_class=formatter)
+    pack.add_argument("--model", required=True, help="checkpoint folder (quantized or not), or smollm2-135m")
+    pack.add_argument("--out", type=Path, required=True, help="package folder to write")
+    pack.add_argument("--name", required=True, help="the model's name on the server")
+    pack.add_argument("--gpu", default="cpu", help="profile the repository is sized for (cpu: KIND_CPU)")
+    pack.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
+    pack.add_argument("--context", type=int, default=2048, help="tokens per request the sizing reserves")
+    pack.add_argument("--max-batch-size", type=int, help="default: what the sizing fits (at most 64)")
+    pack.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
+    pack.add_argument("--threads", type=int, default=2, help="torch threads per instance")
+    pack.add_argument("--stream", action="store_true", help="decoupled: one response per generated token")
+    pack.set_defaults(run=_package)
+
+    serve = nouns.add_parser("serve", help="run tritonserver on 127.0.0.1 until SIGINT/SIGTERM",
+                             epilog=EXAMPLES, formatter_class=formatter)
+    serve.add_argument("repository", type=Path, help="a `tailor package` folder or a model repository")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--explicit", action="store_true", help="model control mode explicit")
+    serve.add_argument("--load", action="append", help="with --explicit: a model to load at start")
+    serve.add_argument("--log", type=Path, help="server log file (default: a temporary folder)")
+    serve.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    serve.set_defaults(run=_serve)
+
+    infer = nouns.add_parser("infer", help="generate through a Triton server", epilog=EXAMPLES,
+                             formatter_class=formatter)
+    infer.add_argument("--url", default="127.0.0.1:8000", help="host:port (8000 HTTP, 8001 gRPC by default)")
+    infer.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    infer.add_argument("--model", required=True)
+    source = infer.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt")
+    source.add_argument("--ids", help="comma-separated token ids instead of a prompt")
+    infer.add_argument("--max-tokens", type=int)
+    infer.add_argument("--temperature", type=float)
+    infer.add_argument("--top-k", type=int)
+    infer.add_argument("--top-p", type=float)
+    infer.add_argument("--seed", type=int)
+    infer.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
+    infer.add_argument("--stream", action="store_true", help="stream tokens (gRPC, a --stream package)")
+    infer.set_defaults(run=_infer)

@@ -1,0 +1,163 @@
+"""Running the real Triton Inference Server that the nvidia-pytriton wheel ships (2.51, CPU capable).
+
+The Python backend needs a backend folder holding libtriton_python.so, triton_python_backend_utils.py
+and the stub for this Python version; symlinks keep the binaries' relative library lookups working. The
+stub embeds libpython and takes its prefix from the `python3` first on PATH (this environment's), and
+must load this interpreter's libpython (LD_LIBRARY_PATH), not the system one it was linked against.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+READY_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Three ports nothing listens on now."""
+        sockets = [socket.socket() for _ in range(3)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in sockets]
+        for s in sockets:
+            s.close()
+        return cls(*ports)
+
+
+def _bundle() -> Path:
+    try:
+        import pytriton
+    except ImportError as error:
+        raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: install tailor[compressor]") from error
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def backend_folder(into: Path) -> Path:
+    """A backend folder for the Python backend, made of symlinks into the wheel."""
+    bundle = _bundle()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"{stub}: the wheel has no Python-backend stub for Python {version}")
+    python = into / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    for source in (bundle / "backends" / "python" / "libtriton_python.so",
+                   bundle / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        (python / source.name).symlink_to(source)
+    return into
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir and sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+class ServerError(RuntimeError):
+    """The server exited or did not become ready; the message carries the end of its log."""
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    ports: Ports
+    log: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with status {self.process.returncode}:\n{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.5)
+        raise ServerError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL after a grace period; the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@contextmanager
+def triton_server(repository: Path, ports: Ports | None = None, *, explicit: bool = False,
+                  load: list[str] | None = None, log: Path | None = None,
+                  timeout: float = READY_TIMEOUT_S) -> Iterator[RunningServer]:
+    """tritonserver on 127.0.0.1 serving `repository`, ready; stopped on exit. With `explicit`, models load
+    only on request (or those in `load`)."""
+    if not repository.is_dir():
+        raise ServerError(f"{repository}: no such model repository")
+    ports = ports or Ports.free()
+    work = Path(tempfile.mkdtemp(prefix="tailor-triton-"))
+    log = log or work / "tritonserver.log"
+    command = [str(_bundle() / "bin" / "tritonserver"), f"--model-repository={repository.resolve()}",
+               f"--backend-directory={backend_folder(work / 'backends')}", "--http-address=127.0.0.1",
+               f"--http-port={ports.http}", "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
+               "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}", "--allow-metrics=true",
+               "--allow-gpu-metrics=false", "--exit-timeout-secs=10"]
+    if explicit:
+        command.append("--model-control-mode=explicit")
+        command += [f"--load-model={name}" for name in load or []]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment(),
+                                   start_new_session=True)
+    server = RunningServer(process, ports, log)
+    try:
+        server.wait_ready(timeout)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(work / "backends", ignore_errors=True)
