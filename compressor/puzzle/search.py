@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -103,11 +104,11 @@ def _milp(slots: list[list[Candidate]], fixed: Price, target: Target, limits: li
     flat = [c for options in slots for c in options]
     states = sorted({c.state for c in flat if c.state is not None})
     n, width = len(flat), len(flat) + len(states)  # one binary z_s per state size after the x_ij
-    rows: list[np.ndarray] = []
+    rows: list[np.ndarray[Any, Any]] = []
     lower: list[float] = []
     upper: list[float] = []
 
-    def add(values: list[float] | np.ndarray, low: float, high: float) -> None:
+    def add(values: list[float] | np.ndarray[Any, Any], low: float, high: float) -> None:
         row = np.zeros(width)
         row[:len(values)] = values
         rows.append(row)

@@ -16,6 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoTokenizer
 
@@ -113,7 +114,7 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     parent = load_decoder(job.parent).eval() if job.parent is not None else None
     with log.stage("calibrate"):
         calibrated = copy.deepcopy(model)
-        layers = calibrate(calibrated, recipe, list(calibration.split(job.batch)), log)
+        layers = calibrate(calibrated, recipe, list(torch.split(calibration, job.batch)), log)
     with log.stage("export"):
         tensors, quant_config, repairs = export(calibrated, read_config(job.model))
         for repair in repairs:

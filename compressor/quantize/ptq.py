@@ -58,7 +58,7 @@ def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor],
         mtq.quantize(model, preset, forward_loop)
     quantized = []
     for name in quantizable_layers(model):
-        module = model.get_submodule(name)
+        module: Any = model.get_submodule(name)  # a modelopt QuantLinear
         if tensor_group(name) not in recipe.quantized:
             for quantizer in (module.weight_quantizer, module.input_quantizer):
                 quantizer.disable()
@@ -74,8 +74,7 @@ def export(model: Decoder, config: dict[str, Any]) -> tuple[dict[str, torch.Tens
     """modelopt's HF export of a calibrated model: (tensors as they go to safetensors, hf_quant_config, the
     repairs made to it). Unquantized tensors are cast to BF16; scales stay float32. Consumes `model`."""
     # The exporter reads the HF config and device of the model it is given, as on a transformers model.
-    model.config = PretrainedConfig(**config)
-    model.device = next(model.parameters()).device
+    model.__dict__.update(config=PretrainedConfig(**config), device=next(model.parameters()).device)
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         # modelopt 0.47 wraps tensors in torch.tensor() (a UserWarning) and prints its progress
         warnings.simplefilter("ignore", UserWarning)

@@ -29,7 +29,7 @@ class QuantizedCheckpointError(ValueError):
 def read_quant_config(folder: Path) -> dict[str, Any]:
     path = folder / "hf_quant_config.json"
     try:
-        config = json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise QuantizedCheckpointError(f"{path}: unreadable ({error}); a modelopt export writes it") from error
     section = config.get("quantization") if isinstance(config, dict) else None

@@ -24,7 +24,7 @@ from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.checkpoint import read_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile
-from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
+from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe
 from tailor.compressor.sizing import Sizing, size
 
 MAX_BATCH_CAP = 64  # a Python-backend instance batches at most this many requests whatever memory allows
@@ -137,8 +137,8 @@ def _write_gpu_configs(folder: Path, settings: PackageSettings, checkpoint: str,
         "model": checkpoint, "quantization": quantization, "max_model_len": settings.context,
         "max_num_seqs": settings.sizing.concurrency_per_replica, "gpu_memory_utilization": 0.9,
         "tensor_parallel_size": settings.sizing.tensor_parallel, "trust_remote_code": True})
-    (vllm / "config.pbtxt").write_text(f'backend: "vllm"\ninstance_group [ {{ count: 1 kind: KIND_MODEL }} ]\n'
-                                       f'model_transaction_policy {{ decoupled: true }}\n')
+    (vllm / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n'
+                                       'model_transaction_policy { decoupled: true }\n')
     write_json(folder / "tensorrt_llm" / f"{settings.name}.json", {
         "checkpoint": checkpoint,
         "trtllm_build": {"max_batch_size": settings.sizing.concurrency_per_replica,

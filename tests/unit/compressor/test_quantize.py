@@ -47,7 +47,7 @@ def quantized_folder(model: Decoder, config: dict[str, Any], recipe: str, folder
     layers = calibrate(calibrated, RECIPES[recipe], batches(model.arch.vocab_size))
     tensors, quant_config, _ = export(copy.deepcopy(calibrated), config)
     # what the exporter does first: layers that share an input (q/k/v, gate/up) share its scale
-    calibrated.config, calibrated.device = PretrainedConfig(**config), torch.device("cpu")
+    calibrated.__dict__.update(config=PretrainedConfig(**config), device=torch.device("cpu"))
     requantize_resmooth_fused_llm_layers(calibrated)
     folder.mkdir()
     write_export(folder, tensors, quant_config, config)

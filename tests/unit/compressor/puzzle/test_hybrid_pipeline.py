@@ -12,7 +12,7 @@ from tailor.compressor.checkpoint import load_decoder
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 
-from conftest import tiny_plan
+from plans import tiny_plan
 
 LIBRARY = {"mambaHeads": [0.5], "mambaHeadDims": [], "ssmStates": [0.5], "expertWidths": [0.5],
            "expertsKept": [0.75], "topK": [0.5], "sharedWidths": [0.5], "kvHeads": [1]}

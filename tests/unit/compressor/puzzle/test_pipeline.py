@@ -18,7 +18,7 @@ from tailor.compressor.checkpoint import CheckpointError, load_decoder
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 
-from conftest import tiny_plan, write_plan
+from plans import tiny_plan, write_plan
 
 TAILOR = [sys.executable, "-m", "tailor.cli.main"]
 

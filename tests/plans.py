@@ -1,4 +1,4 @@
-"""Plans that run the pipeline on the tiny parents of tests/conftest.py in seconds."""
+"""Compression plans that run the pipeline on the tiny parents of tests/conftest.py in seconds."""
 
 from __future__ import annotations
 
