@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   tailor quantize --model runs/smollm2/child --out runs/smollm2/child-fp8 --gpu H100      # auto: FP8 on Hopper
   tailor quantize --model runs/smollm2/child --out runs/smollm2/child-nvfp4 --gpu B200    # auto: NVFP4
   tailor quantize --model DIR --out DIR --format nvfp4-w4a16 --parent PARENT_DIR --json
+  tailor quantize --model DIR --out DIR --gpu H100 --kv-cache fp8                 # FP8 weights and KV cache
 
 The folder appears only when complete: weights, config.json with quantization_config,
 hf_quant_config.json, the tokenizer and quantization.json (the report). NVFP4 layers are evaluated on CPU
@@ -23,7 +24,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
 
     gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
-    job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format,
+    job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
                       parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
                       calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
     report = run(job, gpu)
@@ -32,6 +33,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def add_parser(nouns: Any) -> None:
+    from tailor.compressor.memory import KvDtype
     from tailor.compressor.quantize.recipes import QuantFormat
 
     parser = nouns.add_parser("quantize", help="quantize a model (NVFP4, FP8) with modelopt and export it",
@@ -40,6 +42,8 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--out", type=Path, required=True, help="the quantized checkpoint folder to write")
     parser.add_argument("--format", type=QuantFormat, choices=list(QuantFormat), default=QuantFormat.AUTO,
                         help="auto picks nvfp4 where the --gpu computes in it (Blackwell), else fp8")
+    parser.add_argument("--kv-cache", type=KvDtype, choices=list(KvDtype), default=KvDtype.BF16,
+                        help="fp8: also calibrate and export FP8 KV-cache scales")
     parser.add_argument("--gpu", help="target GPU profile (e.g. H100, B200); needed by --format auto")
     parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
     parser.add_argument("--parent", help="the parent's folder, to report KL to it too")

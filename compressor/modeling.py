@@ -73,6 +73,13 @@ class Rotary(nn.Module):
         return x * cos + rotated * sin
 
 
+class KeepPrecision(nn.Identity):
+    """A KV cache kept in the model's dtype. modelopt's exporter asks every module's `k_bmm_quantizer`
+    whether it `is_enabled`."""
+
+    is_enabled = False
+
+
 class SelfAttention(nn.Module):
     """Causal grouped-query attention with an optional KV cache; rotary positions (Llama) or none
     (NemotronH, `rope_theta=None`)."""
@@ -85,6 +92,9 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
         self.rotary = Rotary(self.head_dim, rope_theta) if rope_theta is not None else None
+        # where keys and values are rounded to the KV cache's precision (modelopt's names)
+        self.k_bmm_quantizer: nn.Module = KeepPrecision()
+        self.v_bmm_quantizer: nn.Module = KeepPrecision()
 
     def new_cache(self, batch: int, capacity: int, like: torch.Tensor) -> KVCache:
         shape = (batch, self.kv_heads, capacity, self.head_dim)
@@ -98,6 +108,7 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary is not None:
             q, k = self.rotary(q, start), self.rotary(k, start)
+        k, v = self.k_bmm_quantizer(k), self.v_bmm_quantizer(v)
         if cache is not None:
             if start and tokens > 1:
                 raise ValueError("a cached attention call takes one prompt from position 0 or one token at a time")

@@ -1,6 +1,7 @@
 """FP8 (E4M3) as modelopt exports it: `weight` in float8_e4m3fn with one float32 `weight_scale`, and a
 static `input_scale` for the activations (W8A8, per tensor). `Fp8Linear` computes from exactly those
-tensors, rounding its inputs to FP8 as an FP8 GEMM sees them.
+tensors, rounding its inputs to FP8 as an FP8 GEMM sees them. `Fp8Round` rounds keys or values to an FP8
+KV cache with the exported `k_scale` / `v_scale`.
 """
 
 from __future__ import annotations
@@ -41,3 +42,16 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(round_fp8(x, self.input_scale.float()), self.values.to(x.dtype))
+
+
+class Fp8Round(nn.Module):
+    """Rounds a tensor to FP8 with a fixed scale: an attention layer's keys or values in an FP8 KV cache."""
+
+    scale: torch.Tensor
+
+    def __init__(self, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale.detach().float().clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return round_fp8(x, self.scale)

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from tailor.compressor.checkpoint import TOKENIZER_FILES, load_decoder, read_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile
-from tailor.compressor.memory import RECIPES, weight_bytes
+from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import Quality, quality
 from tailor.compressor.puzzle.pipeline import Log
@@ -42,6 +42,7 @@ class QuantizeJob(BaseModel):
     model: Path = Field(description="The model folder to quantize (a parent or a Puzzle child).")
     out: Path = Field(description="The quantized checkpoint folder to write.")
     format: QuantFormat = QuantFormat.AUTO
+    kv_cache: KvDtype = Field(KvDtype.BF16, description="fp8: calibrate FP8 KV-cache scales too.")
     parent: Path | None = Field(None, description="The parent folder, to report KL to it as well.")
     text: str = Field("shakespeare", description="Calibration and evaluation text (see `tailor compress`).")
     heldout_every: int = Field(8, ge=2)
@@ -65,6 +66,7 @@ class QuantReport(BaseModel):
     modelopt_config: str
     reason: str
     quant_algo: str
+    kv_cache_quant_algo: str | None
     quantized_layers: int
     excluded_layers: list[str]
     repairs: list[str]
@@ -89,7 +91,8 @@ class QuantReport(BaseModel):
                 f"| KL to the unquantized model | 0 | {after.quality.kl:.4f} |"]
         if after.kl_to_parent is not None and before.kl_to_parent is not None:
             rows.append(f"| KL to the parent | {before.kl_to_parent:.4f} | {after.kl_to_parent:.4f} |")
-        rows += ["", f"{self.quantized_layers} layers in {self.quant_algo}; left in BF16: "
+        rows += ["", f"{self.quantized_layers} layers in {self.quant_algo}, KV cache in "
+                 f"{self.kv_cache_quant_algo or 'BF16'}; left in BF16: "
                  f"{', '.join(self.excluded_layers) or 'none'}. Memory model: {self.predicted_weight_bytes:,} "
                  "weight bytes."]
         rows += [f"Repaired: {repair}" for repair in self.repairs]
@@ -114,7 +117,7 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     parent = load_decoder(job.parent).eval() if job.parent is not None else None
     with log.stage("calibrate"):
         calibrated = copy.deepcopy(model)
-        layers = calibrate(calibrated, recipe, list(torch.split(calibration, job.batch)), log)
+        layers = calibrate(calibrated, recipe, list(torch.split(calibration, job.batch)), job.kv_cache, log)
     with log.stage("export"):
         tensors, quant_config, repairs = export(calibrated, read_config(job.model))
         for repair in repairs:
@@ -137,6 +140,7 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
         report = QuantReport(
             model=str(job.model), out=str(job.out), format=job.format.value, recipe=recipe.name,
             modelopt_config=str(recipe.modelopt_config), reason=reason, quant_algo=section["quant_algo"],
+            kv_cache_quant_algo=section.get("kv_cache_quant_algo"),
             quantized_layers=len(layers), excluded_layers=section["exclude_modules"], repairs=repairs,
             bytes_before=_file_bytes(job.model), bytes_after=_file_bytes(staging),
             predicted_weight_bytes=weight_bytes(model.arch, recipe), bf16_weight_bytes=weight_bytes(model.arch, BF16),

@@ -23,12 +23,13 @@ import modelopt.torch.quantization as mtq
 import torch
 from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 from modelopt.torch.export.unified_export_hf import _export_transformers_checkpoint
+from modelopt.torch.quantization.nn import TensorQuantizer
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
 from tailor.compressor.files import write_json
-from tailor.compressor.memory import QuantRecipe
-from tailor.compressor.modeling import Decoder
+from tailor.compressor.memory import KvDtype, QuantRecipe
+from tailor.compressor.modeling import Decoder, SelfAttention
 from tailor.compressor.quantize.recipes import tensor_group
 
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
@@ -40,10 +41,11 @@ def quantizable_layers(model: torch.nn.Module) -> list[str]:
 
 
 @torch.no_grad()
-def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor],
+def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor], kv_cache: KvDtype = KvDtype.BF16,
               progress: Callable[[str], None] = lambda _: None) -> list[str]:
     """Quantize `model` in place with the recipe's modelopt preset, calibrated on `batches` of token ids;
-    return the names of the quantized layers. Raises if the preset and the recipe disagree."""
+    return the names of the quantized layers. Raises if the preset and the recipe disagree. With an FP8
+    `kv_cache`, every attention layer's keys and values get modelopt's FP8 KV quantizers too (`FP8_KV_CFG`)."""
     if recipe.modelopt_config is None:
         raise ValueError(f"recipe {recipe.name} quantizes nothing")
     preset = copy.deepcopy(getattr(mtq, recipe.modelopt_config))
@@ -55,7 +57,13 @@ def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor],
                 progress(f"calibration batch {index}/{len(batches)}")
 
     with contextlib.redirect_stdout(sys.stderr):  # modelopt prints; stdout carries the report
-        mtq.quantize(model, preset, forward_loop)
+        mtq.quantize(model, preset)  # inserts the quantizers; calibration follows
+        if kv_cache is KvDtype.FP8:
+            for module in model.modules():
+                if isinstance(module, SelfAttention):
+                    module.k_bmm_quantizer, module.v_bmm_quantizer = TensorQuantizer(), TensorQuantizer()
+            mtq.set_quantizer_by_cfg(model, copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
+        mtq.calibrate(model, "max", forward_loop)
     quantized = []
     for name in quantizable_layers(model):
         module: Any = model.get_submodule(name)  # a modelopt QuantLinear

@@ -3,7 +3,8 @@
 Plain transformers does not: it warns "Unknown quantization type" and loads FP8 weights without their
 scales. Here a layer is quantized exactly when the export holds a `weight_scale` for it; its format
 comes from the stored weight (uint8: NVFP4 packed, float8_e4m3fn: FP8) and its inputs are quantized
-when an `input_scale` is stored. The result is checked against `hf_quant_config.json`.
+when an `input_scale` is stored. With an FP8 KV cache, keys and values are rounded with the stored
+`k_scale` / `v_scale`. The result is checked against `hf_quant_config.json`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tailor.compressor.quantize.fp8 import Fp8Linear
+from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
 
 ALGORITHMS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
@@ -70,7 +71,26 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, replacement)
         formats[name] = kind
+    _restore_kv_cache(model, tensors, section, source)
     return formats
+
+
+def _restore_kv_cache(model: nn.Module, tensors: dict[str, torch.Tensor], section: dict[str, Any],
+                      source: Path) -> None:
+    """Round keys and values as an FP8 KV cache does where the export says so; the scales are taken out of
+    `tensors` (they live under `k_proj.k_scale` / `v_proj.v_scale`, not on a module of the modeling)."""
+    algo = section.get("kv_cache_quant_algo")
+    scales = sorted(name for name in tensors if name.endswith((".k_proj.k_scale", ".v_proj.v_scale")))
+    if algo not in (None, "FP8"):
+        raise QuantizedCheckpointError(f"{source}: field 'quantization.kv_cache_quant_algo' is {algo!r}; "
+                                       "supported: FP8 or null")
+    if bool(scales) != (algo == "FP8"):
+        raise QuantizedCheckpointError(f"{source}: kv_cache_quant_algo is {algo} but the weights hold "
+                                       f"{len(scales)} KV-cache scales")
+    for name in scales:
+        attention, leaf = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
+        quantizer = "k_bmm_quantizer" if leaf == "k_scale" else "v_bmm_quantizer"
+        setattr(model.get_submodule(attention), quantizer, Fp8Round(tensors.pop(name)))
 
 
 def refresh_quantized(model: nn.Module) -> None:

@@ -104,7 +104,9 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe = checkpoint_recipe(config, arch.is_hybrid)
-    sizing = size(arch, gpu, context, recipe, KvDtype.BF16, gpus_per_node=1)
+    quantization = config.get("quantization_config")
+    kv_fp8 = isinstance(quantization, dict) and quantization.get("kv_cache_quant_algo") == "FP8"
+    sizing = size(arch, gpu, context, recipe, KvDtype.FP8 if kv_fp8 else KvDtype.BF16, gpus_per_node=1)
     if sizing.concurrency_per_replica < 1:
         raise ValueError(f"{model} does not fit one {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")

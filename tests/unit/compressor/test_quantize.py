@@ -18,9 +18,9 @@ from transformers import PretrainedConfig
 from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, settings_from_config
 from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.memory import RECIPES, weight_bytes
+from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.modeling import Decoder
-from tailor.compressor.quantize.fp8 import Fp8Linear, round_fp8
+from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
 from tailor.compressor.quantize.ptq import calibrate, export, repair_exclusions, write_export
@@ -40,11 +40,12 @@ def batches(vocab: int, count: int = 3, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (2, 24), generator=generator) for _ in range(count)]
 
 
-def quantized_folder(model: Decoder, config: dict[str, Any], recipe: str, folder: Path) -> tuple[Decoder, list[str]]:
+def quantized_folder(model: Decoder, config: dict[str, Any], recipe: str, folder: Path,
+                     kv_cache: KvDtype = KvDtype.BF16) -> tuple[Decoder, list[str]]:
     """Calibrate a copy of `model`, export it into `folder`; (modelopt's fake-quantized model with the scales of
     the export, the quantized layers)."""
     calibrated = copy.deepcopy(model)
-    layers = calibrate(calibrated, RECIPES[recipe], batches(model.arch.vocab_size))
+    layers = calibrate(calibrated, RECIPES[recipe], batches(model.arch.vocab_size), kv_cache)
     tensors, quant_config, _ = export(copy.deepcopy(calibrated), config)
     # what the exporter does first: layers that share an input (q/k/v, gate/up) share its scale
     calibrated.__dict__.update(config=PretrainedConfig(**config), device=torch.device("cpu"))
@@ -117,6 +118,31 @@ def test_w4a16_leaves_activations_unquantized(tiny_parent: Path, tmp_path: Path)
     assert isinstance(layer, Nvfp4Linear) and layer.input_scale is None
     x = torch.randn(2, 64)
     torch.testing.assert_close(layer(x), F.linear(x, unpack(layer.packed())), rtol=0, atol=0)
+
+
+def test_an_fp8_kv_cache_is_calibrated_exported_and_restored(tiny_parent: Path, tmp_path: Path) -> None:
+    model = load_decoder(tiny_parent).eval()
+    fake_quant, _ = quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "kv", KvDtype.FP8)
+    quant = json.loads((tmp_path / "kv" / "hf_quant_config.json").read_text())["quantization"]
+    assert quant["kv_cache_quant_algo"] == "FP8"
+    stored = load_file(tmp_path / "kv" / "model.safetensors")
+    restored = load_decoder(tmp_path / "kv").eval()
+    for index in range(4):
+        theirs, ours = fake_quant.model.layers[index].self_attn, restored.model.layers[index].self_attn
+        for kind in ("k", "v"):
+            scale = stored[f"model.layers.{index}.self_attn.{kind}_proj.{kind}_scale"]
+            assert torch.equal(scale, getattr(theirs, f"{kind}_bmm_quantizer").amax.float() / 448)
+            rounding = getattr(ours, f"{kind}_bmm_quantizer")
+            assert isinstance(rounding, Fp8Round) and torch.equal(rounding.scale, scale)
+    caches = restored.new_caches(1, 16)
+    with torch.no_grad():
+        restored(batches(model.arch.vocab_size, 1)[0][:1, :8], caches)
+    keys = caches[0].keys[:, :, :8] / restored.model.layers[0].self_attn.k_bmm_quantizer.scale
+    assert torch.equal(keys, keys.to(torch.float8_e4m3fn).float())  # the cache holds FP8 values
+    quant["kv_cache_quant_algo"] = None
+    (tmp_path / "kv" / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
+    with pytest.raises(CheckpointError, match="kv_cache_quant_algo is None but the weights hold 8 KV-cache scales"):
+        load_decoder(tmp_path / "kv")
 
 
 def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) -> None:
