@@ -59,9 +59,9 @@ def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor], 
     with contextlib.redirect_stdout(sys.stderr):  # modelopt prints; stdout carries the report
         mtq.quantize(model, preset)  # inserts the quantizers; calibration follows
         if kv_cache is KvDtype.FP8:
-            for module in model.modules():
-                if isinstance(module, SelfAttention):
-                    module.k_bmm_quantizer, module.v_bmm_quantizer = TensorQuantizer(), TensorQuantizer()
+            for attention in model.modules():
+                if isinstance(attention, SelfAttention):
+                    attention.k_bmm_quantizer, attention.v_bmm_quantizer = TensorQuantizer(), TensorQuantizer()
             mtq.set_quantizer_by_cfg(model, copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
         mtq.calibrate(model, "max", forward_loop)
     quantized = []
