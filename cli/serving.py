@@ -26,7 +26,7 @@ def _package(args: argparse.Namespace) -> int:
     gpu = GpuCatalog.load(args.profiles).get(args.gpu)
     settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
                        max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
-                       threads=args.threads)
+                       threads=args.threads, dtype=args.dtype)
     print(settings.model_dump_json(indent=2))
     return 0
 
@@ -83,6 +83,8 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--max-batch-size", type=int, help="default: what the sizing fits (at most 64)")
     pack.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
     pack.add_argument("--threads", type=int, default=2, help="torch threads per instance")
+    pack.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                      help="compute dtype of the Python-backend model")
     pack.add_argument("--stream", action="store_true", help="decoupled: one response per generated token")
     pack.set_defaults(run=_package)
 

@@ -116,8 +116,8 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
         arch = architecture_from_config(config, source)
     except ConfigError as error:
         raise CheckpointError(str(error)) from error
-    try:
-        decoder = Decoder(arch, settings_from_config(config, source))
+    try:  # cast before any quantized layer goes in: their scales stay float32
+        decoder = Decoder(arch, settings_from_config(config, source)).to(dtype)
     except ValueError as error:
         raise CheckpointError(f"{source}: {error}") from error
     tensors = _weights(folder)
@@ -126,7 +126,7 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
         from tailor.compressor.quantize.restore import QuantizedCheckpointError, swap_quantized_layers
 
         try:
-            swap_quantized_layers(decoder, tensors, folder)
+            swap_quantized_layers(decoder, tensors, folder, dtype)
         except QuantizedCheckpointError as error:
             raise CheckpointError(str(error)) from error
     if arch.tie_word_embeddings:
@@ -146,7 +146,7 @@ def load_decoder(folder: Path, dtype: torch.dtype = torch.float32) -> Decoder:
         from tailor.compressor.quantize.restore import refresh_quantized
 
         refresh_quantized(decoder)
-    return decoder.to(dtype)
+    return decoder
 
 
 def block_configs(arch: Architecture) -> list[dict[str, Any]]:

@@ -27,13 +27,13 @@ class Fp8Linear(nn.Module):
     input_scale: torch.Tensor
     values: torch.Tensor
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.float8_e4m3fn))
         self.register_buffer("weight_scale", torch.ones(()))
         self.register_buffer("input_scale", torch.ones(()))
-        self.register_buffer("values", torch.zeros(out_features, in_features), persistent=False)
+        self.register_buffer("values", torch.zeros(out_features, in_features, dtype=dtype), persistent=False)
 
     def refresh(self) -> Fp8Linear:
         """Recompute the dequantized weights after the stored tensors changed (e.g. a state-dict load)."""
@@ -41,7 +41,7 @@ class Fp8Linear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(round_fp8(x, self.input_scale.float()), self.values.to(x.dtype))
+        return F.linear(round_fp8(x, self.input_scale), self.values)
 
 
 class Fp8Round(nn.Module):

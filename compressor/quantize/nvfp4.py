@@ -62,7 +62,8 @@ class Nvfp4Linear(nn.Module):
     input_scale: torch.Tensor | None
     values: torch.Tensor
 
-    def __init__(self, in_features: int, out_features: int, quantize_inputs: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, quantize_inputs: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if in_features % BLOCK:
             raise ValueError(f"NVFP4 needs in_features to be a multiple of {BLOCK}, got {in_features}")
@@ -72,7 +73,7 @@ class Nvfp4Linear(nn.Module):
                                                          dtype=torch.float8_e4m3fn))
         self.register_buffer("weight_scale_2", torch.ones(()))
         self.register_buffer("input_scale", torch.ones(()) if quantize_inputs else None)
-        self.register_buffer("values", torch.zeros(out_features, in_features), persistent=False)
+        self.register_buffer("values", torch.zeros(out_features, in_features, dtype=dtype), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, input_scale: torch.Tensor | None = None) -> Nvfp4Linear:
@@ -97,4 +98,4 @@ class Nvfp4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale is not None:
             x = unpack(pack(x, self.input_scale), x.dtype)
-        return F.linear(x, self.values.to(x.dtype))
+        return F.linear(x, self.values)

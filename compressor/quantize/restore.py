@@ -40,9 +40,11 @@ def read_quant_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
-    """Replace each linear layer the export quantized by its `Nvfp4Linear` / `Fp8Linear`; return the format
-    of each replaced layer. Call `refresh_quantized` after loading the state dict."""
+def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: Path,
+                          dtype: torch.dtype = torch.float32) -> dict[str, str]:
+    """Replace each linear layer the export quantized by its `Nvfp4Linear` / `Fp8Linear`, computing in `dtype`
+    (their scales stay float32); return the format of each replaced layer. Call `refresh_quantized` after
+    loading the state dict."""
     source = folder / "hf_quant_config.json"
     section = read_quant_config(folder)["quantization"]
     expected = ALGORITHMS[section["quant_algo"]]
@@ -61,10 +63,10 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
             raise QuantizedCheckpointError(f"{source}: {name} is stored quantized but matches exclude_modules")
         if stored is not None and stored.dtype == torch.uint8:
             replacement: nn.Module = Nvfp4Linear(module.in_features, module.out_features,
-                                                 quantize_inputs=f"{name}.input_scale" in tensors)
+                                                 quantize_inputs=f"{name}.input_scale" in tensors, dtype=dtype)
             kind = "nvfp4"
         else:
-            replacement, kind = Fp8Linear(module.in_features, module.out_features), "fp8"
+            replacement, kind = Fp8Linear(module.in_features, module.out_features, dtype), "fp8"
         if kind != expected:
             raise QuantizedCheckpointError(f"{source}: quant_algo is {section['quant_algo']} but {name} is "
                                            f"stored as {kind}")

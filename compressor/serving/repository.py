@@ -47,6 +47,7 @@ class PackageSettings(BaseModel):
     kind: str
     decoupled: bool
     max_queue_delay_us: int
+    dtype: str
     sizing: Sizing
 
 
@@ -84,7 +85,8 @@ output [
 instance_group [ {{ count: {settings.instances} kind: {settings.kind} }} ]
 parameters [
   {{ key: "torch_threads" value: {{ string_value: "{threads}" }} }},
-  {{ key: "context_length" value: {{ string_value: "{settings.context}" }} }}
+  {{ key: "context_length" value: {{ string_value: "{settings.context}" }} }},
+  {{ key: "dtype" value: {{ string_value: "{settings.dtype}" }} }}
 ]
 '''
 
@@ -98,7 +100,7 @@ def _link_or_copy(source: str, target: str) -> None:
 
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, max_batch_size: int | None = None,
             instances: int = 1, decoupled: bool = False, threads: int = 2,
-            max_queue_delay_us: int = 2000, mount: str = "/models") -> PackageSettings:
+            max_queue_delay_us: int = 2000, mount: str = "/models", dtype: str = "bfloat16") -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica holds at `context` on `gpu`
     (capped at 64)."""
     config = read_config(model)
@@ -117,7 +119,7 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
     kind = "KIND_CPU" if gpu.family == "cpu" else "KIND_GPU"
     settings = PackageSettings(name=name, gpu=gpu.name, context=context, recipe=recipe.name, max_batch_size=batch,
                                instances=instances, kind=kind, decoupled=decoupled,
-                               max_queue_delay_us=max_queue_delay_us, sizing=sizing)
+                               max_queue_delay_us=max_queue_delay_us, dtype=dtype, sizing=sizing)
     with staged_folder(out) as staging:
         version = staging / "repository" / name / "1"
         version.mkdir(parents=True)

@@ -75,6 +75,9 @@ def test_an_fp8_export_reloads_as_modelopt_quantized_it(tiny_parent: Path, tmp_p
                                    atol=1e-6)
         expected = F.linear(round_fp8(inputs, ours.input_scale), stored[f"{name}.weight"].float() * scale)
         torch.testing.assert_close(ours(inputs), expected, rtol=0, atol=0)
+    in_bf16 = load_decoder(tmp_path / "fp8", torch.bfloat16).model.layers[0].mlp.up_proj
+    assert isinstance(in_bf16, Fp8Linear) and in_bf16.values.dtype == torch.bfloat16
+    assert in_bf16.input_scale.dtype == in_bf16.weight_scale.dtype == torch.float32  # scales are not rounded
 
 
 def decode_nvfp4(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
