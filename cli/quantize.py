@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,20 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint(args: argparse.Namespace) -> int:
+    from tailor.compressor.checkpoint import load_decoder
+    from tailor.compressor.quantize.fp8 import Fp8Linear
+    from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
+    from tailor.compressor.quantize.ptq import repair_export
+
+    for repair in repair_export(args.folder):
+        print(f"repaired: {repair}", file=sys.stderr)
+    model = load_decoder(args.folder)  # raises, naming the file, if tensors and config still disagree
+    print(json.dumps({"folder": str(args.folder), "parameters": sum(p.numel() for p in model.parameters()),
+                      "quantized_layers": sum(isinstance(m, Fp8Linear | Nvfp4Linear) for m in model.modules())}))
+    return 0
+
+
 def add_parser(nouns: Any) -> None:
     from tailor.compressor.memory import KvDtype
     from tailor.compressor.quantize.recipes import QuantFormat
@@ -52,3 +68,10 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--eval-tokens", type=int, default=4096)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=_quantize)
+
+    checkpoint = nouns.add_parser("checkpoint", help="check quantized checkpoint folders")
+    verbs = checkpoint.add_subparsers(dest="verb", required=True)
+    check = verbs.add_parser("repair", help="repair a modelopt export's exclude_modules (e.g. the NemotronH "
+                                            "sentinel), then load it to check every tensor")
+    check.add_argument("folder", type=Path)
+    checkpoint.set_defaults(run=_checkpoint)

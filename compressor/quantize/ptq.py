@@ -15,7 +15,7 @@ import copy
 import fnmatch
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,17 @@ import torch
 from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 from modelopt.torch.export.unified_export_hf import _export_transformers_checkpoint
 from modelopt.torch.quantization.nn import TensorQuantizer
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
+from tailor.compressor.architecture import architecture_from_config
+from tailor.compressor.checkpoint import read_config, settings_from_config
 from tailor.compressor.files import write_json
 from tailor.compressor.memory import KvDtype, QuantRecipe
 from tailor.compressor.modeling import Decoder, SelfAttention
 from tailor.compressor.quantize.recipes import tensor_group
+from tailor.compressor.quantize.restore import read_quant_config
 
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
 
@@ -99,29 +103,54 @@ def _stored(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def repair_exclusions(quant_config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                      linear_layers: list[str]) -> list[str]:
-    """Make `quantization.exclude_modules` say exactly which layers the export left unquantized.
+def repair_exclusions(quant_config: dict[str, Any], stored: Iterable[str], linear_layers: list[str]) -> list[str]:
+    """Make `quantization.exclude_modules` say exactly which linear layers the export left unquantized, given
+    the stored tensor names. Returns what was changed.
 
-    Entries that are not module names or patterns (modelopt 0.47 leaks a renaming sentinel on NemotronH:
-    'lm_head.\\x00backbone.pt_name_sentinel') are dropped, entries that would exclude a quantized layer
-    are dropped, and unquantized linear layers no entry covers are added. Returns what was changed."""
+    - modelopt 0.47 leaks a renaming sentinel into NemotronH exports ('lm_head.\\x00backbone.pt_name_sentinel'):
+      such entries are cut back to the name before the sentinel, or dropped if nothing printable is left;
+    - entries that would exclude a quantized layer are dropped;
+    - unquantized linear layers no entry covers are added."""
     section = quant_config.setdefault("quantization", {})
-    quantized = {name.removesuffix(".weight_scale") for name in tensors if name.endswith(".weight_scale")}
+    quantized = {name.removesuffix(".weight_scale") for name in stored if name.endswith(".weight_scale")}
     repairs: list[str] = []
     kept: list[str] = []
     for entry in section.get("exclude_modules") or []:
-        if not isinstance(entry, str) or not entry.isprintable() or "sentinel" in entry:
+        cleaned = entry.split("\x00")[0].rstrip(".") if isinstance(entry, str) else ""
+        if not cleaned or not cleaned.isprintable():
             repairs.append(f"dropped the malformed exclude_modules entry {entry!r}")
-        elif any(fnmatch.fnmatchcase(name, entry) for name in quantized):
-            repairs.append(f"dropped exclude_modules entry {entry!r}: it matches quantized layers")
-        else:
-            kept.append(entry)
+            continue
+        if cleaned != entry:
+            repairs.append(f"cut the exclude_modules entry {entry!r} back to {cleaned!r}")
+        if any(fnmatch.fnmatchcase(name, cleaned) for name in quantized):
+            repairs.append(f"dropped exclude_modules entry {cleaned!r}: it matches quantized layers")
+        elif cleaned not in kept:
+            kept.append(cleaned)
     for name in linear_layers:
         if name not in quantized and not any(fnmatch.fnmatchcase(name, entry) for entry in kept):
             kept.append(name)
             repairs.append(f"added {name!r} to exclude_modules: the export left it unquantized")
     section["exclude_modules"] = kept
+    return repairs
+
+
+def repair_export(folder: Path) -> list[str]:
+    """Check a modelopt export folder (written by any tool) and rewrite its `hf_quant_config.json` and the
+    `quantization_config` of its config.json when `exclude_modules` is wrong; return the repairs."""
+    model_config = read_config(folder)
+    quant_config = read_quant_config(folder)
+    stored: list[str] = []
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, "pt") as handle:
+            stored += list(handle.keys())
+    with torch.device("meta"):  # the layer names only: no weights allocated
+        model = Decoder(architecture_from_config(model_config, str(folder / "config.json")),
+                        settings_from_config(model_config, str(folder / "config.json")))
+    repairs = repair_exclusions(quant_config, stored, quantizable_layers(model))
+    if repairs:
+        write_json(folder / "hf_quant_config.json", quant_config)
+        write_json(folder / "config.json", {**model_config,
+                                            "quantization_config": convert_hf_quant_config_format(quant_config)})
     return repairs
 
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
+import modelopt.torch.quantization as mtq
 import pytest
 import torch
 import torch.nn.functional as F
+from modelopt.torch.export import export_hf_checkpoint
 from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 from safetensors.torch import load_file
-from transformers import PretrainedConfig
+from transformers import AutoModelForCausalLM, NemotronHConfig, NemotronHForCausalLM, PretrainedConfig
 
+from tailor.cli.main import main
 from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, settings_from_config
 from tailor.compressor.hardware import GpuCatalog
@@ -23,7 +29,7 @@ from tailor.compressor.modeling import Decoder
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
-from tailor.compressor.quantize.ptq import calibrate, export, repair_exclusions, write_export
+from tailor.compressor.quantize.ptq import calibrate, export, repair_exclusions, repair_export, write_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe, tensor_group
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -167,17 +173,52 @@ def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) 
     assert packed + unquantized == weight_bytes(arch, recipe)  # the bytes the memory model prices
 
 
-def test_repair_drops_the_nemotron_h_sentinel_and_names_uncovered_layers() -> None:
+def test_repair_cuts_the_sentinel_and_names_uncovered_layers() -> None:
     config = {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [
-        "lm_head.\x00backbone.pt_name_sentinel", "backbone.embeddings", "backbone.layers.0*"]}}
-    tensors = {"backbone.layers.0.mixer.in_proj.weight_scale": torch.ones(1),
-               "backbone.layers.2.mixer.up_proj.weight_scale": torch.ones(1)}
+        "lm_head.\x00backbone.pt_name_sentinel", "\x00backbone.pt_name_sentinel", "backbone.embeddings",
+        "backbone.layers.0*"]}}
+    stored = ["backbone.layers.0.mixer.in_proj.weight_scale", "backbone.layers.2.mixer.up_proj.weight_scale"]
     layers = ["backbone.layers.0.mixer.in_proj", "backbone.layers.1.mixer.q_proj", "backbone.layers.2.mixer.up_proj",
               "lm_head"]
-    repairs = repair_exclusions(config, tensors, layers)
-    assert config["quantization"]["exclude_modules"] == ["backbone.embeddings", "backbone.layers.1.mixer.q_proj",
-                                                         "lm_head"]
-    assert len(repairs) == 4 and "malformed" in repairs[0] and "matches quantized layers" in repairs[1]
+    repairs = repair_exclusions(config, stored, layers)
+    assert config["quantization"]["exclude_modules"] == ["lm_head", "backbone.embeddings",
+                                                         "backbone.layers.1.mixer.q_proj"]
+    assert [r.split(" ")[0] for r in repairs] == ["cut", "dropped", "dropped", "added"]
+
+
+def test_a_transformers_nemotron_h_export_is_repaired_and_restored_where_transformers_fails(tmp_path: Path) -> None:
+    config = {k: v for k, v in HYBRID.items() if k not in ("model_type", "architectures")}
+    torch.manual_seed(0)
+    model = NemotronHForCausalLM(NemotronHConfig(**config)).eval()
+    model.config.architectures = ["NemotronHForCausalLM"]  # modelopt's exporter reads it
+    ids = batches(96, 1)[0]
+    with torch.no_grad():
+        unquantized = model(ids).logits
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, mtq.FP8_DEFAULT_CFG, lambda m: m(ids))
+        with torch.no_grad():
+            fake_quant = model(ids).logits
+        export_hf_checkpoint(model, export_dir=tmp_path)
+    exported = json.loads((tmp_path / "hf_quant_config.json").read_text())["quantization"]["exclude_modules"]
+    assert "lm_head.\x00backbone.pt_name_sentinel" in exported  # modelopt 0.47's bug, reproduced
+    with pytest.raises(CheckpointError, match="lm_head is stored unquantized but not in exclude_modules"):
+        load_decoder(tmp_path)
+    repairs = repair_export(tmp_path)
+    assert len(repairs) == len(exported) and all(r.startswith("cut") for r in repairs)
+    assert json.loads((tmp_path / "config.json").read_text())["quantization_config"]["ignore"] == [
+        "lm_head", "backbone.embeddings", "backbone.layers.0.mixer.conv1d", "backbone.layers.2.mixer.gate"]
+    assert repair_export(tmp_path) == []
+    assert main(["checkpoint", "repair", str(tmp_path)]) == 0
+    with torch.no_grad():
+        ours = load_decoder(tmp_path).eval()(ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()(ids).logits  # scales ignored
+    ours_error, plain_error = (ours - fake_quant).abs().max(), (plain - fake_quant).abs().max()
+    print(f"max |logit - modelopt's|: ours {ours_error:.3g}, plain transformers {plain_error:.3g}; "
+          f"quantization itself {(fake_quant - unquantized).abs().max():.3g}")
+    assert ours_error < 0.1 * plain_error
 
 
 def test_a_quantized_folder_that_contradicts_its_config_is_named(tiny_parent: Path, tmp_path: Path) -> None:
