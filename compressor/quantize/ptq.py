@@ -149,8 +149,10 @@ def repair_export(folder: Path) -> list[str]:
     repairs = repair_exclusions(quant_config, stored, quantizable_layers(model))
     if repairs:
         write_json(folder / "hf_quant_config.json", quant_config)
-        write_json(folder / "config.json", {**model_config,
-                                            "quantization_config": convert_hf_quant_config_format(quant_config)})
+    in_line = convert_hf_quant_config_format(quant_config)
+    if model_config.get("quantization_config") != in_line:  # also after a run stopped between the two writes
+        write_json(folder / "config.json", {**model_config, "quantization_config": in_line})
+        repairs.append("rewrote config.json's quantization_config from hf_quant_config.json")
     return repairs
 
 

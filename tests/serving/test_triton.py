@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tailor.cli.main import main
 from tailor.compressor.serving import client
 from tailor.compressor.serving.generation import Engine, GenerationRequest
 from tailor.compressor.serving.server import Ports, RunningServer, triton_server
@@ -47,6 +48,16 @@ def test_generates_what_the_model_generates_locally_over_http_and_grpc(server: R
     sampled = [client.infer(server.http_url, NAME, "http", PROMPT, max_tokens=8, temperature=1.0, top_k=50,
                             top_p=0.9, seed=seed, ignore_eos=True).ids for seed in (1, 1, 2)]
     assert sampled[0] == sampled[1] != sampled[2]  # the seed decides
+
+
+def test_tailor_infer_prints_the_completion(server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    expected = client.infer(server.http_url, NAME, "http", PROMPT, max_tokens=5, ignore_eos=True).text
+    for url, protocol in ((server.http_url, "http"), (server.grpc_url, "grpc")):
+        assert main(["infer", "--url", url, "--protocol", protocol, "--model", NAME, "--prompt", PROMPT,
+                     "--max-tokens", "5", "--ignore-eos"]) == 0
+        assert capsys.readouterr().out == expected + "\n"
+    assert main(["infer", "--url", server.http_url, "--model", NAME, "--prompt", PROMPT, "--stream"]) == 1
+    assert "--stream needs --protocol grpc" in capsys.readouterr().err
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server: RunningServer,
@@ -119,6 +130,8 @@ def test_streaming_and_explicit_model_control(streaming_package: Path) -> None:
         pieces: list[str] = []
         streamed = client.stream(running.grpc_url, NAME, pieces.append, PROMPT, max_tokens=10, ignore_eos=True)
         assert len(pieces) == 10 == len(streamed.ids) and "".join(pieces) == streamed.text
+        assert main(["infer", "--url", running.grpc_url, "--protocol", "grpc", "--stream", "--model", NAME,
+                     "--prompt", PROMPT, "--max-tokens", "10", "--ignore-eos"]) == 0
         with pytest.raises(InferenceServerException, match="doesn't support models with decoupled"):
             client.infer(running.http_url, NAME, "http", PROMPT, max_tokens=2)
         control.unload_model(NAME)
