@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import build, cluster
+from tailor.operator import api as model
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -77,3 +79,19 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60, interva
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def crd(api: client.ApiClient, kubectl: Callable[..., Any]) -> None:
+    kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{model.PLURAL}.{model.GROUP}")
+    # Discovery of a new CRD settles just after Established; wait until creates are served.
+    wait_for("the CRD to be served", lambda: _served(api))
+
+
+def _served(api: client.ApiClient) -> bool:
+    try:
+        client.CustomObjectsApi(api).list_cluster_custom_object(model.GROUP, model.VERSION, model.PLURAL)
+    except ApiException:
+        return False
+    return True

@@ -13,26 +13,9 @@ from pydantic import ValidationError
 
 from tailor.operator import api as model
 
-from conftest import REPO, wait_for
 from corpus import BASE, INVALID, VALID, Case, example_bodies, patched
 
 Objects = client.CustomObjectsApi
-
-
-@pytest.fixture(scope="session")
-def crd(api: client.ApiClient, kubectl: Callable[..., Any]) -> None:
-    kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml"))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{model.PLURAL}.{model.GROUP}")
-    # Discovery of a new CRD settles just after Established; wait until creates are served.
-    wait_for("the CRD to be served", lambda: _served(api))
-
-
-def _served(api: client.ApiClient) -> bool:
-    try:
-        Objects(api).list_cluster_custom_object(model.GROUP, model.VERSION, model.PLURAL)
-    except ApiException:
-        return False
-    return True
 
 
 def create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,114 @@
+"""The Kubernetes objects that serve a CompressedModel on one node pool: a Triton Deployment sized by its
+`PoolPlan`, a Service, a PodDisruptionBudget and a HorizontalPodAutoscaler on a Triton queue metric.
+
+Plain manifests (dicts), each owned by the CompressedModel so they go when it goes. The model repository is
+read from the artifacts claim; the startup probe allows for loading the weights at a conservative 200 MB/s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec
+from tailor.operator.pools import GPU_RESOURCE, PoolPlan
+
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+MODELS_MOUNT = "/models"
+LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
+PROBE_PERIOD_S = 10
+# Metrics a prometheus-adapter serves per pod from Triton's /metrics (rules in the Helm chart):
+# average queue time per request, and requests waiting.
+POD_METRICS = {"queueTimeMicroseconds": "triton_queue_time_us_per_request",
+               "pendingRequests": "nv_inference_pending_request_count"}
+GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": model["metadata"]["name"],
+            "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(model: dict[str, Any], plan: PoolPlan) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "triton", "app.kubernetes.io/managed-by": "tailor",
+            "tailor.dev/model": model["metadata"]["name"], "tailor.dev/pool": plan.name}
+
+
+def _metadata(model: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
+    return {"name": f"{model['metadata']['name']}-{plan.name}", "namespace": model["metadata"]["namespace"],
+            "labels": labels(model, plan), "ownerReferences": [owner_reference(model)]}
+
+
+def startup_failure_threshold(weight_bytes: int) -> int:
+    """Probe periods to allow for loading the weights, plus two minutes for the server itself."""
+    return math.ceil((weight_bytes / LOAD_BYTES_PER_SECOND + 120) / PROBE_PERIOD_S)
+
+
+def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
+              repository: str) -> list[dict[str, Any]]:
+    """Deployment, Service, PodDisruptionBudget and HorizontalPodAutoscaler for a pool that is not skipped.
+    `repository` is the model repository's path inside `claim`."""
+    if plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None:
+        raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
+    meta, selector = _metadata(model, plan), labels(model, plan)
+
+    def probe(path: str, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
+                "failureThreshold": failures}
+
+    gpus = str(plan.tensor_parallel)
+    container = {
+        "name": "triton", "image": deployment.triton_image,
+        "command": ["tritonserver"],
+        "args": [f"--model-repository={MODELS_MOUNT}/{repository}", *(f"--{name}-port={port}"
+                                                                        for name, port in PORTS.items())],
+        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}],
+        "startupProbe": probe("/v2/health/ready", startup_failure_threshold(plan.sizing.footprint.weights
+                                                                             * plan.tensor_parallel)),
+        "livenessProbe": probe("/v2/health/live", 3),
+        "readinessProbe": probe("/v2/health/ready", 3),
+        "securityContext": RESTRICTED,
+    }
+    pod = {
+        "metadata": {"labels": selector, "annotations": {"prometheus.io/scrape": "true",
+                                                         "prometheus.io/port": str(PORTS["metrics"])}},
+        "spec": {
+            "nodeSelector": {k: v for k, v in sorted(_pool_selector(plan, deployment).items())},
+            "tolerations": [GPU_TAINT_TOLERATION],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
+                                                   "topologyKey": "kubernetes.io/hostname"}}]}},
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "containers": [container],
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+        },
+    }
+    autoscaling = deployment.autoscaling
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+         "spec": {"replicas": plan.replicas, "selector": {"matchLabels": selector}, "template": pod,
+                  "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+         "spec": {"selector": selector, "ports": [{"name": name, "port": port, "targetPort": name}
+                                                  for name, port in PORTS.items()]}},
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},
+        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
+         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
+                  "minReplicas": max(1, deployment.min_replicas), "maxReplicas": deployment.max_replicas,
+                  "metrics": [{"type": "Pods", "pods": {
+                      "metric": {"name": POD_METRICS[autoscaling.metric]},
+                      "target": {"type": "AverageValue", "averageValue": _quantity(autoscaling.target)}}}]}},
+    ]
+
+
+def _pool_selector(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, str]:
+    return next(pool.node_selector for pool in deployment.pools if pool.name == plan.name)
+
+
+def _quantity(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"

@@ -1,0 +1,86 @@
+"""Pool sizing on the devcluster's simulated pools, and the serving manifests built from it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from tailor.compressor.architecture import load_architecture
+from tailor.devcluster import nodes
+from tailor.operator.api import CompressedModel
+from tailor.operator.deployment import manifests, startup_failure_threshold
+from tailor.operator.pools import plan_pools
+
+from corpus import EXAMPLES
+
+CHILD = load_architecture("nemotron-3-puzzle-75b-a9b")  # the published Puzzle child, 75.3B / 9.3B
+NODES = nodes.node_manifests(nodes.load_pools(nodes.DEFAULT_POOLS_FILE))
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load(next(path for path in EXAMPLES if path.stem == name).read_text())
+
+
+def spec_with(base: str, pools: list[dict[str, Any]], **deployment: Any) -> CompressedModel:
+    manifest = copy.deepcopy(example(base))
+    manifest["spec"]["deployment"].update(pools=pools, **deployment)
+    if "contextLength" in deployment:  # the child is compressed for the context it serves
+        manifest["spec"]["compression"]["contextLength"] = deployment["contextLength"]
+    return CompressedModel.model_validate(manifest)
+
+
+def test_the_published_case_fits_8_million_token_requests_per_h100() -> None:
+    # the NVFP4 child (quantized for Blackwell) served on H100s as W4A16, 10^6 tokens per request
+    model = spec_with("nemotron-super-b200", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 64}},
+                                              {"name": "a100", "nodeSelector": A100, "concurrency": {"perNode": 8}}],
+                      contextLength=1_000_000, maxReplicas=16)
+    h100, a100 = plan_pools(model.spec, NODES, CHILD)
+    assert (h100.tensor_parallel, h100.concurrency_per_gpu, h100.recipe) == (1, 8, "nvfp4-mamba-moe")
+    assert h100.target_concurrency == 128 and h100.replicas == 16  # 2 nodes x 64 requests / 8 per replica
+    assert any("weight-only NVFP4" in note for note in h100.notes)
+    assert a100.skipped is not None and "A100-40GB (ampere) has no FP8 math" in a100.skipped
+    assert a100.replicas is None
+
+
+def test_fp8_weights_need_two_h100s_per_replica_and_max_replicas_caps_the_target() -> None:
+    model = CompressedModel.model_validate(example("nemotron-super-h100"))
+    (h100,) = plan_pools(model.spec, NODES, CHILD)
+    assert h100.recipe == "fp8-mamba-moe" and h100.tensor_parallel == 2
+    assert h100.concurrency_per_replica is not None and h100.concurrency_per_replica >= 16
+    assert h100.replicas == 2 and "maxReplicas allow 2" in h100.notes[-1]
+
+
+def test_pools_without_nodes_or_gpus_are_skipped_with_the_reason() -> None:
+    model = spec_with("nemotron-super-h100", [
+        {"name": "none", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}, "concurrency": {"total": 1}},
+        {"name": "cpu", "nodeSelector": {"tailor.dev/node-pool": "cpu"}, "concurrency": {"total": 1}}])
+    missing, cpu = plan_pools(model.spec, NODES, CHILD)
+    assert missing.skipped == "no node matches nodeSelector {'nvidia.com/gpu.product': 'NVIDIA-GB300'}"
+    assert cpu.skipped is not None and "nvidia.com/gpu.product" in cpu.skipped
+
+
+def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
+    model = CompressedModel.model_validate(example("nemotron-super-h100"))
+    (plan,) = plan_pools(model.spec, NODES, CHILD)
+    owner = {"metadata": {"name": "nemotron-super-h100", "namespace": "default", "uid": "1234"}}
+    assert model.spec.deployment is not None
+    deployment, service, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == plan.replicas
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert pod["nodeSelector"] == H100 and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(
+        2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
+    assert "--model-repository=/models/g1/repo" in container["args"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8000, 8001, 8002]
+    assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "50000"
+    assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, service, budget))
+    with pytest.raises(ValueError, match="skipped"):
+        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r")
