@@ -1,4 +1,5 @@
-"""`tailor quantize`: post-training quantization with nvidia-modelopt, exported as a standard checkpoint."""
+"""`tailor quantize` (modelopt PTQ, exported as a standard checkpoint), `tailor checkpoint repair` (fix and check
+such an export) and `tailor evaluate` (the quality gate)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ def _checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from tailor.compressor.evaluation import evaluate, write_result
+    from tailor.compressor.puzzle.pipeline import resolve_parent
+
+    result = evaluate(resolve_parent(args.model), resolve_parent(args.parent), args.min_retention, args.text,
+                      eval_tokens=args.eval_tokens)
+    if args.result_file is not None:
+        write_result(result, args.result_file)
+    print(result.model_dump_json(indent=2))
+    verdict = "passed" if result.passed else "FAILED"
+    print(f"quality gate {verdict}: retention {result.retention:.4f} (floor {result.min_retention})", file=sys.stderr)
+    return 0
+
+
 def add_parser(nouns: Any) -> None:
     from tailor.compressor.memory import KvDtype
     from tailor.compressor.quantize.recipes import QuantFormat
@@ -75,3 +90,12 @@ def add_parser(nouns: Any) -> None:
                                             "sentinel), then load it to check every tensor")
     check.add_argument("folder", type=Path)
     checkpoint.set_defaults(run=_checkpoint)
+
+    gate = nouns.add_parser("evaluate", help="the quality gate: a child's next-token accuracy against its parent's")
+    gate.add_argument("--model", required=True, help="the child (a Puzzle child, quantized or not)")
+    gate.add_argument("--parent", required=True, help="the parent folder, or smollm2-135m / tiny-nemotron-h")
+    gate.add_argument("--min-retention", type=float, default=0.97, help="share of the parent's accuracy to keep")
+    gate.add_argument("--text", default="shakespeare", help="held-out text source (as in tailor compress)")
+    gate.add_argument("--eval-tokens", type=int, default=4096)
+    gate.add_argument("--result-file", type=Path, help="also write the JSON result here (a Job's termination log)")
+    gate.set_defaults(run=_evaluate)

@@ -1,0 +1,89 @@
+"""The quality gate: a compressed (and quantized) child against its parent on held-out text.
+
+Quality is top-1 next-token accuracy on the held-out works (whole works never trained on, as in
+`tailor compress`); retention is the child's accuracy over the parent's, compared with the floor the
+CompressedModel sets. Perplexities and KL(parent || child) are reported beside it. The result is small
+JSON, so a Job can hand it to the operator as its termination message (at most 4096 bytes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+from transformers import AutoTokenizer
+
+from tailor.compressor.checkpoint import load_decoder
+from tailor.compressor.files import write_text
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
+from tailor.compressor.puzzle.evaluate import quality
+
+TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-log
+
+
+class GateResult(BaseModel):
+    """What `tailor evaluate` reports; mirrors the CompressedModel's status.quality."""
+
+    metric: Literal["next_token_accuracy"] = "next_token_accuracy"
+    parent_score: float
+    child_score: float
+    retention: float = Field(description="child_score / parent_score")
+    min_retention: float
+    passed: bool
+    parent_perplexity: float
+    child_perplexity: float
+    kl_to_parent: float
+    tokens: int
+
+    def message(self) -> str:
+        text = self.model_dump_json()
+        if len(text.encode()) > TERMINATION_MESSAGE_BYTES:
+            raise ValueError(f"the result takes {len(text.encode())} bytes; a termination message holds "
+                             f"{TERMINATION_MESSAGE_BYTES}")
+        return text
+
+
+@torch.no_grad()
+def next_token_accuracy(model: Decoder, ids: torch.Tensor, batch: int = 8) -> float:
+    hits = 0
+    for i in range(0, ids.shape[0], batch):
+        chunk = ids[i:i + batch]
+        hits += int((model(chunk)[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
+    return hits / (ids.shape[0] * (ids.shape[1] - 1))
+
+
+def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shakespeare", seq_len: int = 256,
+             eval_tokens: int = 4096, heldout_every: int = 8, batch: int = 8) -> GateResult:
+    if not 0 < min_retention <= 1:
+        raise ValueError(f"--min-retention must be in (0, 1], got {min_retention}")
+    _, held_out_texts = split_texts(text_files(text), heldout_every)
+    ids = token_windows(held_out_texts, AutoTokenizer.from_pretrained(parent), seq_len, eval_tokens)
+    if ids.numel() == 0:
+        raise ValueError(f"text {text}: its held-out works give no {seq_len}-token window")
+    parent_model, child_model = load_decoder(parent).eval(), load_decoder(child).eval()
+    if child_model.arch.vocab_size != parent_model.arch.vocab_size:
+        raise ValueError(f"{child}: vocabulary of {child_model.arch.vocab_size} tokens, the parent {parent} has "
+                         f"{parent_model.arch.vocab_size}; the gate compares models sharing a tokenizer")
+    parent_score, child_score = next_token_accuracy(parent_model, ids, batch), next_token_accuracy(child_model, ids,
+                                                                                                   batch)
+    child_quality = quality(child_model, parent_model, ids, batch)
+    parent_quality = quality(parent_model, parent_model, ids, batch)
+    if parent_score == 0:
+        raise ValueError(f"{parent}: the parent predicts none of the {ids.numel()} held-out tokens; there is no "
+                         "quality to retain")
+    retention = child_score / parent_score
+    return GateResult(parent_score=parent_score, child_score=child_score, retention=retention,
+                      min_retention=min_retention, passed=retention >= min_retention,
+                      parent_perplexity=parent_quality.perplexity, child_perplexity=child_quality.perplexity,
+                      kl_to_parent=child_quality.kl, tokens=int(ids.numel()))
+
+
+def write_result(result: GateResult, path: Path) -> None:
+    """The result as JSON at `path` (e.g. /dev/termination-log), written whole or not at all."""
+    if path.is_char_device():  # /dev/termination-log style: no temporary file beside it
+        path.write_text(result.message())
+    else:
+        write_text(path, result.message())

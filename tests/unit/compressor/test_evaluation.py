@@ -1,0 +1,54 @@
+"""The quality gate: next-token accuracy of a child against its parent on held-out text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tailor.cli.main import main
+from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
+from tailor.compressor.evaluation import evaluate
+
+
+@pytest.fixture(scope="module")
+def degraded(tiny_hybrid: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained toy hybrid with noise on every weight: the same model, made worse."""
+    folder = tmp_path_factory.mktemp("degraded") / "model"
+    model = load_decoder(tiny_hybrid)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * parameter.std() * 0.3)
+    write_checkpoint(model, folder, read_config(tiny_hybrid), tiny_hybrid)
+    return folder
+
+
+def test_a_model_keeps_all_of_its_own_quality(tiny_hybrid: Path) -> None:
+    result = evaluate(tiny_hybrid, tiny_hybrid, 0.97, seq_len=64, eval_tokens=512)
+    assert result.retention == 1.0 and result.passed and result.kl_to_parent < 1e-6
+    assert 0.05 < result.parent_score < 0.6  # a trained model predicts a real share of held-out tokens
+    assert result.tokens == 512 and result.parent_perplexity == pytest.approx(result.child_perplexity)
+
+
+def test_a_worse_child_loses_quality_and_fails_the_floor(tiny_hybrid: Path, degraded: Path, tmp_path: Path) -> None:
+    result = evaluate(degraded, tiny_hybrid, 0.97, seq_len=64, eval_tokens=512)
+    print(f"retention {result.retention:.3f}, KL {result.kl_to_parent:.3f}")
+    assert result.retention < 0.97 and not result.passed and result.kl_to_parent > 0.1
+    out = tmp_path / "termination-log"
+    assert main(["evaluate", "--model", str(degraded), "--parent", str(tiny_hybrid), "--min-retention", "0.5",
+                 "--eval-tokens", "512", "--result-file", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["min_retention"] == 0.5 and written["passed"] == (written["retention"] >= 0.5)
+    assert len(out.read_bytes()) < 4096
+
+
+def test_bad_floors_untrained_parents_and_missing_text_are_refused(tiny_parent: Path, tiny_hybrid: Path) -> None:
+    with pytest.raises(ValueError, match="--min-retention must be in"):
+        evaluate(tiny_hybrid, tiny_hybrid, 1.5)
+    with pytest.raises(ValueError, match="predicts none of the 512 held-out tokens"):
+        evaluate(tiny_parent, tiny_parent, 0.9, seq_len=64, eval_tokens=512)  # random weights
+    assert main(["evaluate", "--model", str(tiny_hybrid), "--parent", str(tiny_hybrid), "--text",
+                 "/nowhere/at/all"]) == 1
