@@ -1,0 +1,90 @@
+"""The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress`, `tailor quantize`, `tailor evaluate`.
+
+A stage runs the same command as on a workstation, on GPU nodes of the target GPU (GPU Feature Discovery
+product label, the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and the
+plan the operator wrote at /plan. A multi-node stage is an Indexed Job whose pods find each other through a
+headless Service and start torchrun with their completion index as node rank. Results come back as the
+container's termination message (`--result-file /dev/termination-log`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tailor.operator.deployment import GPU_TAINT_TOLERATION, RESTRICTED, owner_reference
+from tailor.operator.pools import GPU_RESOURCE, PRODUCT_LABEL
+
+Stage = Literal["compress", "quantize", "evaluate"]
+ARTIFACTS = "/artifacts"
+PLAN = "/plan"
+RENDEZVOUS_PORT = 29500
+
+
+class JobSettings(BaseModel):
+    """Resources and limits of one stage's Job."""
+
+    image: str = Field(min_length=1)
+    gpus_per_node: int = Field(1, ge=1, le=16)
+    nodes: int = Field(1, ge=1, le=64)
+    backoff_limit: int = Field(2, ge=0, le=100)
+    active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
+
+
+def job_name(model: dict[str, Any], stage: Stage) -> str:
+    return f"{model['metadata']['name']}-g{model['metadata']['generation']}-{stage}"
+
+
+def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
+    """The container command: tailor itself, or torchrun around it for more than one GPU or node."""
+    if settings.nodes > 1:
+        return ["sh", "-c", f"exec torchrun --nnodes {settings.nodes} --nproc-per-node {settings.gpus_per_node} "
+                f"--node-rank $JOB_COMPLETION_INDEX --master-addr {name}-0.{name} --master-port {RENDEZVOUS_PORT} "
+                f"-m tailor.cli.main {' '.join(args)}"]
+    if settings.gpus_per_node > 1:
+        return ["torchrun", "--standalone", f"--nproc-per-node={settings.gpus_per_node}", "-m", "tailor.cli.main",
+                *args]
+    return ["tailor", *args]
+
+
+def stage_job(model: dict[str, Any], stage: Stage, args: list[str], settings: JobSettings, gpu_product: str,
+              claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None
+              ) -> list[dict[str, Any]]:
+    """The Job (and, for several nodes, its headless Service) running `tailor <args>` for a stage."""
+    name = job_name(model, stage)
+    labels = {"app.kubernetes.io/managed-by": "tailor", "tailor.dev/model": model["metadata"]["name"],
+              "tailor.dev/stage": stage, "tailor.dev/generation": str(model["metadata"]["generation"])}
+    meta = {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
+            "ownerReferences": [owner_reference(model)]}
+    gpus = str(settings.gpus_per_node)
+    pod: dict[str, Any] = {
+        "metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {PRODUCT_LABEL: gpu_product},
+            "tolerations": [GPU_TAINT_TOLERATION],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "containers": [{
+                "name": stage, "image": settings.image, "command": launcher(name, settings, args),
+                "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+                "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACTS},
+                                 {"name": "plan", "mountPath": PLAN, "readOnly": True}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": RESTRICTED,
+            }],
+            "volumes": [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
+                        {"name": "plan", "configMap": {"name": plan_config_map}}],
+        },
+    }
+    spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
+                            "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}
+    objects: list[dict[str, Any]] = []
+    if settings.nodes > 1:
+        pod["spec"]["subdomain"] = name
+        spec.update(completionMode="Indexed", completions=settings.nodes, parallelism=settings.nodes)
+        objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta,
+                        "spec": {"clusterIP": "None", "selector": labels,
+                                 "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}})
+    objects.insert(0, {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec})
+    return objects
