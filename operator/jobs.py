@@ -80,8 +80,10 @@ def stage_job(model: dict[str, Any], stage: Stage, args: list[str], settings: Jo
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}
     objects: list[dict[str, Any]] = []
-    if settings.nodes > 1:
+    if settings.nodes > 1:  # one pod per node, all of its GPUs: the ranks find each other by DNS
         pod["spec"]["subdomain"] = name
+        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}}
         spec.update(completionMode="Indexed", completions=settings.nodes, parallelism=settings.nodes)
         objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta,
                         "spec": {"clusterIP": "None", "selector": labels,

@@ -24,6 +24,9 @@ def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"] == "m-g3-compress"
     assert service["spec"]["clusterIP"] == "None"
+    anti_affinity = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    spread = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spread[0]["topologyKey"] == "kubernetes.io/hostname"
     (single,) = stage_job(OWNER, "evaluate", ["evaluate"], JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
     pod = single["spec"]["template"]["spec"]
     assert "completionMode" not in single["spec"] and pod["restartPolicy"] == "Never"
