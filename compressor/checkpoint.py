@@ -56,6 +56,10 @@ class CheckpointError(ValueError):
     """A checkpoint folder that is missing, unreadable or does not match its config."""
 
 
+# quant_algo of a modelopt export -> the format of its quantized layers
+QUANT_ALGORITHMS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     config_file = folder / "config.json"
     if not folder.is_dir():
@@ -68,6 +72,20 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{config_file}: unreadable ({error})") from error
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file}: expected a JSON object")
+    return config
+
+
+def read_quant_config(folder: Path) -> dict[str, Any]:
+    """The `hf_quant_config.json` of a modelopt export: what is quantized, and how."""
+    path = folder / "hf_quant_config.json"
+    try:
+        config: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({error}); a modelopt export writes it") from error
+    section = config.get("quantization") if isinstance(config, dict) else None
+    if not isinstance(section, dict) or section.get("quant_algo") not in QUANT_ALGORITHMS:
+        raise CheckpointError(f"{path}: field 'quantization.quant_algo' must be one of "
+                              f"{', '.join(QUANT_ALGORITHMS)}")
     return config
 
 

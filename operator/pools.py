@@ -1,7 +1,7 @@
 """GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from the GPU Feature
 Discovery label, and the cost model's sizing of the compressed, quantized model on that GPU.
 
-The checkpoint is quantized once, for the spec's target GPU (`checkpoint_recipe`); every pool serves that
+The checkpoint is quantized once, for the spec's target GPU (`spec_recipe`); every pool serves that
 checkpoint. A pool whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint with
 TensorRT-LLM and is skipped; NVFP4 on Hopper runs weight-only (W4A16) and is noted.
 
@@ -56,7 +56,7 @@ def _allocatable_gpus(node: dict[str, Any]) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
-def checkpoint_recipe(spec: CompressedModelSpec, arch: Architecture, catalog: GpuCatalog) -> QuantRecipe:
+def spec_recipe(spec: CompressedModelSpec, arch: Architecture, catalog: GpuCatalog) -> QuantRecipe:
     """The recipe the quantization Job applies: the spec's precision, `auto` resolved for the target GPU."""
     precision = spec.quantization.precision
     if precision == "auto":
@@ -117,6 +117,6 @@ def plan_pools(spec: CompressedModelSpec, nodes: list[dict[str, Any]], arch: Arc
     if spec.deployment is None:
         return []
     catalog = catalog or GpuCatalog.load()
-    recipe = checkpoint_recipe(spec, arch, catalog)
+    recipe = spec_recipe(spec, arch, catalog)
     return [plan_pool(pool, nodes, arch, recipe, spec.quantization.kv_cache_dtype, spec.deployment, catalog)
             for pool in spec.deployment.pools]

@@ -29,12 +29,11 @@ from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
 from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import read_config, settings_from_config
+from tailor.compressor.checkpoint import read_config, read_quant_config, settings_from_config
 from tailor.compressor.files import write_json
 from tailor.compressor.memory import KvDtype, QuantRecipe
 from tailor.compressor.modeling import Decoder, SelfAttention
 from tailor.compressor.quantize.recipes import tensor_group
-from tailor.compressor.quantize.restore import read_quant_config
 
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
 

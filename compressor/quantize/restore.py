@@ -10,34 +10,19 @@ when an `input_scale` is stored. With an FP8 KV cache, keys and values are round
 from __future__ import annotations
 
 import fnmatch
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from tailor.compressor.checkpoint import QUANT_ALGORITHMS, read_quant_config
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
-
-ALGORITHMS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
 
 
 class QuantizedCheckpointError(ValueError):
     """A quantized export whose tensors and quantization config disagree; the message names the file."""
-
-
-def read_quant_config(folder: Path) -> dict[str, Any]:
-    path = folder / "hf_quant_config.json"
-    try:
-        config: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise QuantizedCheckpointError(f"{path}: unreadable ({error}); a modelopt export writes it") from error
-    section = config.get("quantization") if isinstance(config, dict) else None
-    if not isinstance(section, dict) or section.get("quant_algo") not in ALGORITHMS:
-        raise QuantizedCheckpointError(f"{path}: field 'quantization.quant_algo' must be one of "
-                                       f"{', '.join(ALGORITHMS)}")
-    return config
 
 
 def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: Path,
@@ -47,7 +32,7 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
     loading the state dict."""
     source = folder / "hf_quant_config.json"
     section = read_quant_config(folder)["quantization"]
-    expected = ALGORITHMS[section["quant_algo"]]
+    expected = QUANT_ALGORITHMS[section["quant_algo"]]
     excluded = section.get("exclude_modules") or []
     formats: dict[str, str] = {}
     for name, module in list(model.named_modules()):

@@ -17,14 +17,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
-from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import read_config
+from tailor.compressor.architecture import Architecture, architecture_from_config
+from tailor.compressor.checkpoint import read_config, read_quant_config
 from tailor.compressor.files import staged_folder, write_json
-from tailor.compressor.hardware import GpuProfile
-from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe
+from tailor.compressor.hardware import GpuProfile, Precision
+from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
 from tailor.compressor.sizing import Sizing, size
 
 MAX_BATCH_CAP = 64  # a Python-backend instance batches at most this many requests whatever memory allows
@@ -51,18 +52,15 @@ class PackageSettings(BaseModel):
     sizing: Sizing
 
 
-def checkpoint_recipe(config: dict[str, object], arch_is_hybrid: bool) -> QuantRecipe:
-    """The precision recipe a checkpoint was exported with (BF16 when it carries no quantization_config)."""
-    quantization = config.get("quantization_config")
-    algo = quantization.get("quant_algo") if isinstance(quantization, dict) else None
-    if algo is None:
-        return RECIPES["bf16"]
-    if algo == "W4A16_NVFP4":
-        return RECIPES["nvfp4-w4a16"]
-    from tailor.compressor.hardware import Precision
-
-    precision = Precision.FP8 if algo == "FP8" else Precision.NVFP4
-    return RECIPES[f"{precision.value}-mamba-moe" if arch_is_hybrid else precision.value]
+def checkpoint_precision(model: Path, config: dict[str, Any], arch: Architecture) -> tuple[QuantRecipe, KvDtype]:
+    """The precision recipe and KV-cache dtype a checkpoint was exported with (BF16 without quantization)."""
+    if "quantization_config" not in config:
+        return RECIPES["bf16"], KvDtype.BF16
+    section = read_quant_config(model)["quantization"]
+    kv = KvDtype.FP8 if section.get("kv_cache_quant_algo") == "FP8" else KvDtype.BF16
+    if section["quant_algo"] == "W4A16_NVFP4":
+        return RECIPES["nvfp4-w4a16"], kv
+    return recipe_for(Precision.FP8 if section["quant_algo"] == "FP8" else Precision.NVFP4, arch), kv
 
 
 def config_pbtxt(settings: PackageSettings, threads: int) -> str:
@@ -105,10 +103,8 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
     (capped at 64)."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
-    recipe = checkpoint_recipe(config, arch.is_hybrid)
-    quantization = config.get("quantization_config")
-    kv_fp8 = isinstance(quantization, dict) and quantization.get("kv_cache_quant_algo") == "FP8"
-    sizing = size(arch, gpu, context, recipe, KvDtype.FP8 if kv_fp8 else KvDtype.BF16, gpus_per_node=1)
+    recipe, kv = checkpoint_precision(model, config, arch)
+    sizing = size(arch, gpu, context, recipe, kv, gpus_per_node=1)
     if sizing.concurrency_per_replica < 1:
         raise ValueError(f"{model} does not fit one {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")

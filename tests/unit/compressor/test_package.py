@@ -1,0 +1,38 @@
+"""`tailor package`: a Triton repository sized for the checkpoint as it was exported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.memory import KvDtype
+from tailor.compressor.quantize.pipeline import QuantizeJob, run
+from tailor.compressor.quantize.recipes import QuantFormat
+from tailor.compressor.serving.repository import MAX_BATCH_CAP, package
+
+
+@pytest.fixture(scope="module")
+def fp8_with_fp8_kv(tiny_parent: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("quantized") / "fp8-kv"
+    run(QuantizeJob(model=tiny_parent, out=out, format=QuantFormat.FP8, kv_cache=KvDtype.FP8, seq_len=32,
+                    calibration_tokens=256, eval_tokens=128), None)
+    return out
+
+
+def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_with_fp8_kv: Path,
+                                                                         tmp_path: Path) -> None:
+    h100 = GpuCatalog.load().get("H100")
+    settings = package(fp8_with_fp8_kv, tmp_path / "pkg", "tiny", h100, 2048)
+    assert (settings.recipe, settings.sizing.kv_dtype, settings.kind) == ("fp8", KvDtype.FP8, "KIND_GPU")
+    assert settings.max_batch_size == MAX_BATCH_CAP < settings.sizing.concurrency_per_replica
+    config = (tmp_path / "pkg" / "repository" / "tiny" / "config.pbtxt").read_text()
+    assert f"max_batch_size: {MAX_BATCH_CAP}" in config and "kind: KIND_GPU" in config
+    assert (tmp_path / "pkg" / "repository" / "tiny" / "1" / "checkpoint" / "hf_quant_config.json").exists()
+    vllm = json.loads((tmp_path / "pkg" / "gpu" / "vllm" / "tiny" / "1" / "model.json").read_text())
+    assert vllm["quantization"] == "modelopt" and vllm["max_num_seqs"] == settings.sizing.concurrency_per_replica
+    with pytest.raises(ValueError, match="--max-batch-size 1000 is above the .* requests of 1000000 tokens"):
+        package(fp8_with_fp8_kv, tmp_path / "too-many", "tiny", h100, 1_000_000, max_batch_size=1000)
+    assert not (tmp_path / "too-many").exists()
