@@ -33,6 +33,6 @@ def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_wit
     assert (tmp_path / "pkg" / "repository" / "tiny" / "1" / "checkpoint" / "hf_quant_config.json").exists()
     vllm = json.loads((tmp_path / "pkg" / "gpu" / "vllm" / "tiny" / "1" / "model.json").read_text())
     assert vllm["quantization"] == "modelopt" and vllm["max_num_seqs"] == settings.sizing.concurrency_per_replica
-    with pytest.raises(ValueError, match="--max-batch-size 1000 is above the .* requests of 1000000 tokens"):
+    with pytest.raises(ValueError, match=r"--max-batch-size 1000 is above the \d+ requests of 1000000 tokens"):
         package(fp8_with_fp8_kv, tmp_path / "too-many", "tiny", h100, 1_000_000, max_batch_size=1000)
     assert not (tmp_path / "too-many").exists()
