@@ -8,10 +8,12 @@ JSON, so a Job can hand it to the operator as its termination message (at most 4
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
@@ -19,7 +21,7 @@ from tailor.compressor.checkpoint import load_decoder
 from tailor.compressor.files import write_text
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
-from tailor.compressor.puzzle.evaluate import quality
+from tailor.compressor.puzzle.scoring import kl_and_loss
 
 TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-log
 
@@ -47,12 +49,25 @@ class GateResult(BaseModel):
 
 
 @torch.no_grad()
-def next_token_accuracy(model: Decoder, ids: torch.Tensor, batch: int = 8) -> float:
-    hits = 0
+def _compare(child: Decoder, parent: Decoder, ids: torch.Tensor, batch: int) -> dict[str, float]:
+    """One forward of each model per batch: both accuracies and LM losses, and KL(parent || child)."""
+    totals = dict.fromkeys(("parent_hits", "child_hits", "parent_loss", "child_loss", "kl"), 0.0)
     for i in range(0, ids.shape[0], batch):
         chunk = ids[i:i + batch]
-        hits += int((model(chunk)[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
-    return hits / (ids.shape[0] * (ids.shape[1] - 1))
+        parent_logits, child_logits = parent(chunk).float(), child(chunk).float()
+        reference = F.log_softmax(parent_logits, -1)
+        kl, child_loss = kl_and_loss(reference, child_logits, chunk)
+        _, parent_loss = kl_and_loss(reference, parent_logits, chunk)
+        rows = chunk.shape[0]
+        totals["kl"] += kl * rows
+        totals["child_loss"] += child_loss * rows
+        totals["parent_loss"] += parent_loss * rows
+        totals["parent_hits"] += int((parent_logits[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
+        totals["child_hits"] += int((child_logits[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
+    predictions, rows = ids.shape[0] * (ids.shape[1] - 1), ids.shape[0]
+    return {"parent_score": totals["parent_hits"] / predictions, "child_score": totals["child_hits"] / predictions,
+            "parent_perplexity": math.exp(totals["parent_loss"] / rows),
+            "child_perplexity": math.exp(totals["child_loss"] / rows), "kl_to_parent": totals["kl"] / rows}
 
 
 def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shakespeare", seq_len: int = 256,
@@ -67,18 +82,14 @@ def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shake
     if child_model.arch.vocab_size != parent_model.arch.vocab_size:
         raise ValueError(f"{child}: vocabulary of {child_model.arch.vocab_size} tokens, the parent {parent} has "
                          f"{parent_model.arch.vocab_size}; the gate compares models sharing a tokenizer")
-    parent_score, child_score = next_token_accuracy(parent_model, ids, batch), next_token_accuracy(child_model, ids,
-                                                                                                   batch)
-    child_quality = quality(child_model, parent_model, ids, batch)
-    parent_quality = quality(parent_model, parent_model, ids, batch)
+    figures = _compare(child_model, parent_model, ids, batch)
+    parent_score = figures["parent_score"]
     if parent_score == 0:
         raise ValueError(f"{parent}: the parent predicts none of the {ids.numel()} held-out tokens; there is no "
                          "quality to retain")
-    retention = child_score / parent_score
-    return GateResult(parent_score=parent_score, child_score=child_score, retention=retention,
-                      min_retention=min_retention, passed=retention >= min_retention,
-                      parent_perplexity=parent_quality.perplexity, child_perplexity=child_quality.perplexity,
-                      kl_to_parent=child_quality.kl, tokens=int(ids.numel()))
+    retention = figures["child_score"] / parent_score
+    return GateResult(retention=retention, min_retention=min_retention, passed=retention >= min_retention,
+                      tokens=int(ids.numel()), **figures)
 
 
 def write_result(result: GateResult, path: Path) -> None:
