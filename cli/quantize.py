@@ -25,12 +25,15 @@ def _quantize(args: argparse.Namespace) -> int:
     from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
+    from tailor.compressor.results import write_result
 
     gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
     job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
                       parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
                       calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
     report = run(job, gpu)
+    if args.result_file is not None:
+        write_result(report.result(), args.result_file)
     print(report.model_dump_json(indent=2) if args.json else report.markdown())
     return 0
 
@@ -50,8 +53,9 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from tailor.compressor.evaluation import evaluate, write_result
+    from tailor.compressor.evaluation import evaluate
     from tailor.compressor.puzzle.pipeline import resolve_parent
+    from tailor.compressor.results import write_result
 
     result = evaluate(resolve_parent(args.model), resolve_parent(args.parent), args.min_retention, args.text,
                       eval_tokens=args.eval_tokens)
@@ -82,6 +86,8 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     parser.add_argument("--eval-tokens", type=int, default=4096)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--result-file", type=Path, help="also write a short JSON result here (a Job's "
+                                                         "termination log)")
     parser.set_defaults(run=_quantize)
 
     checkpoint = nouns.add_parser("checkpoint", help="check quantized checkpoint folders")

@@ -10,42 +10,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 from tailor.compressor.checkpoint import load_decoder
-from tailor.compressor.files import write_text
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.puzzle.scoring import kl_and_loss
-
-TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-log
-
-
-class GateResult(BaseModel):
-    """What `tailor evaluate` reports; mirrors the CompressedModel's status.quality."""
-
-    metric: Literal["next_token_accuracy"] = "next_token_accuracy"
-    parent_score: float
-    child_score: float
-    retention: float = Field(description="child_score / parent_score")
-    min_retention: float
-    passed: bool
-    parent_perplexity: float
-    child_perplexity: float
-    kl_to_parent: float
-    tokens: int
-
-    def message(self) -> str:
-        text = self.model_dump_json()
-        if len(text.encode()) > TERMINATION_MESSAGE_BYTES:
-            raise ValueError(f"the result takes {len(text.encode())} bytes; a termination message holds "
-                             f"{TERMINATION_MESSAGE_BYTES}")
-        return text
+from tailor.compressor.results import GateResult
 
 
 @torch.no_grad()
@@ -90,11 +64,3 @@ def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shake
     retention = figures["child_score"] / parent_score
     return GateResult(retention=retention, min_retention=min_retention, passed=retention >= min_retention,
                       tokens=int(ids.numel()), **figures)
-
-
-def write_result(result: GateResult, path: Path) -> None:
-    """The result as JSON at `path` (e.g. /dev/termination-log), written whole or not at all."""
-    if path.is_char_device():  # /dev/termination-log style: no temporary file beside it
-        path.write_text(result.message())
-    else:
-        write_text(path, result.message())

@@ -1,4 +1,5 @@
-"""Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler and kwok.
+"""Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler, kwok and the
+development executor (`executor.py`).
 
 Each component runs as its own process in its own session, with its pid and log under the state
 folder, so `down` (or a later session) finds and stops exactly what `up` started.
@@ -11,6 +12,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -86,7 +88,7 @@ class Layout:
 
 
 # Start order; `down` stops in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "executor")
 
 
 def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: Ports) -> list[str]:
@@ -128,6 +130,9 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
         return [binary, f"--kubeconfig={layout.component_kubeconfig('kwok')}", f"--config={KWOK_STAGES_FILE}",
                 "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{ports.kwok}"]
+    if name == "executor":  # this checkout's Python: pods on the executor node run in its environment
+        return [sys.executable, "-m", "tailor.devcluster.executor", f"--kubeconfig={layout.kubeconfig}",
+                f"--state={layout.root / 'executor'}"]
     raise ValueError(f"unknown component {name!r}")
 
 
@@ -147,13 +152,14 @@ def _write_kubeconfig(path: Path, server: str, pki: Pki, stem: str, user: str) -
     temporary.replace(path)
 
 
-def _pid_alive(pid: int, binary_name: str) -> bool:
-    """True when `pid` runs and is still the binary we started (pids get reused)."""
+def _pid_alive(pid: int, component: str) -> bool:
+    """True when `pid` runs and is still the component we started (pids get reused): its binary, or for the
+    executor, Python running `tailor.devcluster.executor`."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return False
-    return Path(cmdline.decode(errors="replace")).name == binary_name
+    return Path(argv[0]).name == component or f"tailor.devcluster.{component}" in argv
 
 
 def running_pid(layout: Layout, component: str) -> int | None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 DEFAULT_POOLS_FILE = Path(__file__).parent / "nodepools.yaml"
 POOL_LABEL = "tailor.dev/node-pool"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+EXECUTOR_LABEL = "tailor.dev/executor"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 MAX_PODS = "110"
@@ -37,6 +38,8 @@ class NodePool(BaseModel):
     cpu: str
     memory: str
     gpu: Gpu | None = None
+    executor: bool = Field(False, description="Run this pool's pods as local processes (the devcluster executor) "
+                                              "instead of simulating them with kwok.")
 
 
 class NodePools(BaseModel):
@@ -64,9 +67,9 @@ def node_manifests(pools: NodePools) -> list[dict[str, Any]]:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                "type": "kwok",
                 POOL_LABEL: pool.name,
             }
+            labels |= {EXECUTOR_LABEL: "true"} if pool.executor else {"type": "kwok"}
             capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": MAX_PODS}
             taints = []
             if pool.gpu is not None:
@@ -82,7 +85,8 @@ def node_manifests(pools: NodePools) -> list[dict[str, Any]]:
             nodes.append({
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},
+                "metadata": {"name": name, "labels": labels,
+                             "annotations": {} if pool.executor else {KWOK_ANNOTATION: "fake"}},
                 "spec": {"taints": taints},
                 # Nodes may set status on create; kwok's stages keep capacity and allocatable as given.
                 "status": {"capacity": capacity, "allocatable": capacity},

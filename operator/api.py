@@ -65,7 +65,6 @@ class GpuProfile(StrEnum):
 
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
-BLACKWELL_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if p.runs_natively(hardware.Precision.NVFP4))
 NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.runs_natively(hardware.Precision.FP8))
 
 
@@ -156,11 +155,20 @@ class CompressionSpec(ApiModel):
     context_length: int = Field(
         default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
         description="Sequence length the constraints are computed at (KV cache and state per request).")
+    batch: int = Field(
+        default=1, ge=1, le=4096,
+        description="Concurrent requests per GPU the constraints are computed at: memoryBudgetPerGPU holds the "
+        "weights plus this many requests' KV cache and state, and throughput is decode throughput at this batch.")
     rounds: int = Field(default=3, ge=1, le=10, description="Rounds of Iterative Puzzle (1 is one-shot Puzzle).")
     distillation: DistillationSpec = Field(default_factory=DistillationSpec, json_schema_extra={"default": {}})
     min_quality_retention: float = Field(
         default=0.97, gt=0, le=1,
         description="Share of the parent's quality the child must keep to pass the quality gate.")
+    plan_overrides: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="Advanced: fields of the compressor's plan (tailor.compressor.puzzle.plan.Plan, camelCase) "
+        "merged over what Tailor derives from this spec, e.g. {library: {ffnWidths: [0.5]}, evalTokens: 8192}. "
+        "Checked by the operator; a field the plan does not know fails the object with reason InvalidPlan.")
 
     @model_validator(mode="after")
     def _consistent_targets(self) -> CompressionSpec:
@@ -267,6 +275,9 @@ class StorageSpec(ApiModel):
     storage_class_name: DnsLabel | None = Field(default=None,
                                                 description="Storage class of the claim Tailor creates.")
     size: Quantity | None = Field(default=None, description="Size of the claim Tailor creates (default 1Ti).")
+    deletion_policy: Literal["Retain", "Delete"] = Field(
+        default="Retain", description="On deleting the CompressedModel: keep the claim Tailor created, or delete it "
+        "with its artifacts. An existingClaim is always kept.")
 
     @model_validator(mode="after")
     def _claim_or_class(self) -> StorageSpec:
@@ -275,15 +286,11 @@ class StorageSpec(ApiModel):
         return self
 
 
-NVFP4_NEEDS_BLACKWELL = cel(
-    f"self.quantization.precision != 'nvfp4' || self.compression.targetGPU in {_cel_list(BLACKWELL_PROFILES)}",
-    "precision nvfp4 needs a Blackwell targetGPU (" + ", ".join(BLACKWELL_PROFILES) + "); use fp8 or auto",
-    ".quantization.precision",
-)
 FP8_NEEDS_SUPPORT = cel(
     f"!(self.compression.targetGPU in {_cel_list(NO_FP8_PROFILES)})"
-    " || (self.quantization.precision != 'fp8' && self.quantization.kvCacheDtype != 'fp8')",
-    "fp8 weights or KV cache need a Hopper, Ada or Blackwell targetGPU; Ampere has no FP8",
+    " || (self.quantization.precision in ['auto', 'none'] && self.quantization.kvCacheDtype != 'fp8')",
+    "fp8 or nvfp4 weights and an fp8 KV cache need a Hopper, Ada or Blackwell targetGPU (NVFP4 runs natively on "
+    "Blackwell and weight-only on Hopper and Ada); Ampere has neither",
     ".quantization",
 )
 CONTEXT_WITHIN_COMPRESSION = cel(
@@ -293,24 +300,39 @@ CONTEXT_WITHIN_COMPRESSION = cel(
 )
 
 
+class JobsSpec(ApiModel):
+    """How the compression, quantization and evaluation Jobs run."""
+
+    image: str | None = Field(default=None, min_length=1, max_length=512,
+                              description="Image with tailor[compressor]; default: the operator's --job-image.")
+    gpus_per_node: int = Field(default=1, ge=1, le=16, alias="gpusPerNode",
+                               description="GPUs per node for compression and quantization (torchrun above 1).")
+    nodes: int = Field(default=1, ge=1, le=64,
+                       description="Nodes for compression: above 1, an Indexed Job running torchrun across them.")
+    backoff_limit: int = Field(default=2, ge=0, le=100,
+                               description="Retries of a failed stage before the object is Failed.")
+    active_deadline_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=90 * 24 * 3600,
+                                         description="Longest a stage's Job may run.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, max_length=32,
+                                            description="Annotations for the stage pods.")
+
+
 class CompressedModelSpec(ApiModel):
     """A model to compress and quantize for a GPU target, then serve on node pools."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(NVFP4_NEEDS_BLACKWELL, FP8_NEEDS_SUPPORT,
-                                                          CONTEXT_WITHIN_COMPRESSION))
+    model_config = ConfigDict(json_schema_extra=cel_rules(FP8_NEEDS_SUPPORT, CONTEXT_WITHIN_COMPRESSION))
 
     source: SourceSpec
     compression: CompressionSpec
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec, json_schema_extra={"default": {}})
     deployment: DeploymentSpec | None = Field(default=None, description="Omit to compress without serving.")
     storage: StorageSpec = Field(default_factory=StorageSpec, json_schema_extra={"default": {}})
+    jobs: JobsSpec = Field(default_factory=JobsSpec, json_schema_extra={"default": {}})
 
     @model_validator(mode="after")
     def _cross_field(self) -> CompressedModelSpec:
         gpu, quant = self.compression.target_gpu, self.quantization
-        if quant.precision == "nvfp4" and gpu not in BLACKWELL_PROFILES:
-            raise ValueError(NVFP4_NEEDS_BLACKWELL["message"])
-        if gpu in NO_FP8_PROFILES and "fp8" in (quant.precision, quant.kv_cache_dtype):
+        if gpu in NO_FP8_PROFILES and (quant.precision not in ("auto", "none") or quant.kv_cache_dtype == "fp8"):
             raise ValueError(FP8_NEEDS_SUPPORT["message"])
         if self.deployment is not None and self.deployment.context_length > self.compression.context_length:
             raise ValueError(CONTEXT_WITHIN_COMPRESSION["message"])
@@ -322,6 +344,8 @@ class CompressedModelSpec(ApiModel):
 
 Phase = Literal["Pending", "Compressing", "Quantizing", "Evaluating", "Deploying", "Ready", "Failed"]
 StageName = Literal["Compress", "Quantize", "Evaluate", "Deploy"]
+STAGE_PHASES: dict[str, Phase] = {"Compress": "Compressing", "Quantize": "Quantizing", "Evaluate": "Evaluating",
+                                  "Deploy": "Deploying"}
 StageState = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
@@ -372,12 +396,23 @@ class PoolStatus(ApiModel):
     """Sizing and readiness of one node pool's deployment."""
 
     name: str
+    skipped: str | None = Field(default=None, description="Why the pool gets no deployment.")
+    revision: str | None = Field(default=None, description="The revision the pool's Service sends traffic to.")
     gpu_product: str | None = None
     gpus_per_replica: int | None = Field(default=None, ge=0)
     concurrency_per_gpu: int | None = Field(default=None, ge=0)
     concurrency_per_replica: int | None = Field(default=None, ge=0)
     replicas: int | None = Field(default=None, ge=0)
     ready_replicas: int | None = Field(default=None, ge=0)
+
+
+class BuildStatus(ApiModel):
+    """The artifacts the current spec is built into: reused by later generations that change only deployment."""
+
+    generation: int = Field(ge=0, description="The generation whose Jobs build (or built) the artifacts.")
+    fingerprint: str = Field(description="Hash of the spec fields the artifacts depend on.")
+    child_config: str | None = Field(default=None, description="The child's config.json (gzip, base64), from "
+                                     "the compression Job; deployments are sized from it.")
 
 
 class Endpoint(ApiModel):
@@ -406,6 +441,9 @@ class CompressedModelStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     ready_replicas: int | None = Field(default=None, ge=0)
     endpoints: list[Endpoint] = Field(default_factory=list)
+    build: BuildStatus | None = None
+    serving_generation: int | None = Field(default=None, ge=0,
+                                           description="The generation whose revisions the Services send traffic to.")
 
 
 class CompressedModel(ApiModel):

@@ -20,7 +20,8 @@ CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "compressedmodel.ya
 # Keys that carry over unchanged from JSON Schema to the structural schema.
 _KEPT = {"type", "description", "default", "enum", "format", "pattern", "minLength", "maxLength", "minimum",
          "maximum", "minItems", "maxItems", "minProperties", "maxProperties", "required",
-         "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys"}
+         "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+         "x-kubernetes-preserve-unknown-fields"}
 
 
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The Kubernetes objects that serve a CompressedModel on one node pool: a Triton Deployment sized by its
 `PoolPlan`, a Service, a PodDisruptionBudget and a HorizontalPodAutoscaler on a Triton queue metric.
 
+Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
+the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
 Plain manifests (dicts), each owned by the CompressedModel so they go when it goes. The model repository is
 read from the artifacts claim; the startup probe allows for loading the weights at a conservative 200 MB/s.
 """
@@ -31,14 +33,37 @@ def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
             "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def labels(model: dict[str, Any], plan: PoolPlan) -> dict[str, str]:
+REVISION_LABEL = "tailor.dev/revision"
+
+
+def labels(model: dict[str, Any], pool: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "triton", "app.kubernetes.io/managed-by": "tailor",
-            "tailor.dev/model": model["metadata"]["name"], "tailor.dev/pool": plan.name}
+            "tailor.dev/model": model["metadata"]["name"], "tailor.dev/pool": pool}
 
 
-def _metadata(model: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
-    return {"name": f"{model['metadata']['name']}-{plan.name}", "namespace": model["metadata"]["namespace"],
-            "labels": labels(model, plan), "ownerReferences": [owner_reference(model)]}
+def revision_labels(model: dict[str, Any], pool: str, generation: int) -> dict[str, str]:
+    return {**labels(model, pool), REVISION_LABEL: f"g{generation}"}
+
+
+def service_name(model: dict[str, Any], pool: str) -> str:
+    return f"{model['metadata']['name']}-{pool}"
+
+
+def revision_name(model: dict[str, Any], pool: str, generation: int) -> str:
+    return f"{service_name(model, pool)}-g{generation}"
+
+
+def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": model["metadata"]["namespace"], "labels": object_labels,
+            "ownerReferences": [owner_reference(model)]}
+
+
+def service(model: dict[str, Any], pool: str, generation: int) -> dict[str, Any]:
+    """The pool's stable Service, pointing at one revision."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(model, service_name(model, pool), labels(model, pool)),
+            "spec": {"selector": revision_labels(model, pool, generation),
+                     "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()]}}
 
 
 def startup_failure_threshold(weight_bytes: int) -> int:
@@ -47,12 +72,13 @@ def startup_failure_threshold(weight_bytes: int) -> int:
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
-              repository: str) -> list[dict[str, Any]]:
-    """Deployment, Service, PodDisruptionBudget and HorizontalPodAutoscaler for a pool that is not skipped.
-    `repository` is the model repository's path inside `claim`."""
+              repository: str, generation: int) -> list[dict[str, Any]]:
+    """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
+    pool that is not skipped. `repository` is the model repository's path inside `claim`."""
     if plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None:
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
-    meta, selector = _metadata(model, plan), labels(model, plan)
+    selector = revision_labels(model, plan.name, generation)
+    meta = _metadata(model, revision_name(model, plan.name, generation), selector)
 
     def probe(path: str, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
@@ -92,9 +118,6 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
          "spec": {"replicas": plan.replicas, "selector": {"matchLabels": selector}, "template": pod,
                   "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-         "spec": {"selector": selector, "ports": [{"name": name, "port": port, "targetPort": name}
-                                                  for name, port in PORTS.items()]}},
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
          "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},
         {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,

@@ -16,9 +16,10 @@ from pydantic import BaseModel, Field
 from tailor.operator.deployment import GPU_TAINT_TOLERATION, RESTRICTED, owner_reference
 from tailor.operator.pools import GPU_RESOURCE, PRODUCT_LABEL
 
-Stage = Literal["compress", "quantize", "evaluate"]
+Stage = Literal["compress", "quantize", "evaluate", "package"]
 ARTIFACTS = "/artifacts"
 PLAN = "/plan"
+SOURCE = "/source"
 RENDEZVOUS_PORT = 29500
 
 
@@ -26,14 +27,14 @@ class JobSettings(BaseModel):
     """Resources and limits of one stage's Job."""
 
     image: str = Field(min_length=1)
-    gpus_per_node: int = Field(1, ge=1, le=16)
+    gpus_per_node: int = Field(1, ge=0, le=16)  # 0: a CPU-only step (packaging)
     nodes: int = Field(1, ge=1, le=64)
     backoff_limit: int = Field(2, ge=0, le=100)
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
 
 
-def job_name(model: dict[str, Any], stage: Stage) -> str:
-    return f"{model['metadata']['name']}-g{model['metadata']['generation']}-{stage}"
+def job_name(model: dict[str, Any], generation: int, stage: Stage, suffix: str = "") -> str:
+    return f"{model['metadata']['name']}-g{generation}-{stage}{f'-{suffix}' if suffix else ''}"
 
 
 def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
@@ -48,16 +49,23 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     return ["tailor", *args]
 
 
-def stage_job(model: dict[str, Any], stage: Stage, args: list[str], settings: JobSettings, gpu_product: str,
-              claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None
-              ) -> list[dict[str, Any]]:
-    """The Job (and, for several nodes, its headless Service) running `tailor <args>` for a stage."""
-    name = job_name(model, stage)
+def stage_job(model: dict[str, Any], stage: Stage, generation: int, args: list[str], settings: JobSettings,
+              gpu_product: str, claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
+              source_claim: str | None = None, suffix: str = "") -> list[dict[str, Any]]:
+    """The Job (and, for several nodes, its headless Service) running `tailor <args>` for a stage of the
+    generation `generation`; a pvc:// source's claim is mounted read-only at /source."""
+    name = job_name(model, generation, stage, suffix)
     labels = {"app.kubernetes.io/managed-by": "tailor", "tailor.dev/model": model["metadata"]["name"],
-              "tailor.dev/stage": stage, "tailor.dev/generation": str(model["metadata"]["generation"])}
+              "tailor.dev/stage": stage, "tailor.dev/generation": str(generation)}
     meta = {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
             "ownerReferences": [owner_reference(model)]}
-    gpus = str(settings.gpus_per_node)
+    gpus = {GPU_RESOURCE: str(settings.gpus_per_node)} if settings.gpus_per_node else {}
+    mounts = [{"name": "artifacts", "mountPath": ARTIFACTS}, {"name": "plan", "mountPath": PLAN, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
+                                     {"name": "plan", "configMap": {"name": plan_config_map}}]
+    if source_claim is not None:
+        mounts.append({"name": "source", "mountPath": SOURCE, "readOnly": True})
+        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source_claim, "readOnly": True}})
     pod: dict[str, Any] = {
         "metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
         "spec": {
@@ -67,14 +75,12 @@ def stage_job(model: dict[str, Any], stage: Stage, args: list[str], settings: Jo
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
             "containers": [{
                 "name": stage, "image": settings.image, "command": launcher(name, settings, args),
-                "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
-                "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACTS},
-                                 {"name": "plan", "mountPath": PLAN, "readOnly": True}],
+                "resources": {"limits": gpus, "requests": gpus},
+                "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": RESTRICTED,
             }],
-            "volumes": [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
-                        {"name": "plan", "configMap": {"name": plan_config_map}}],
+            "volumes": volumes,
         },
     }
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,

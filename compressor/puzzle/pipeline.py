@@ -202,6 +202,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
     with log.stage("load"):
         parent = load_decoder(parent_dir).to(device).eval()
         _check_manifest(stages, plan, parent_dir, log)
+        plan = plan.model_copy(update={"target": plan.target.for_parent(parent.arch.total_params,
+                                                                        parent.arch.active_param_count)})
         from transformers import AutoTokenizer
 
         splits = load_splits(plan, AutoTokenizer.from_pretrained(parent_dir))
@@ -244,7 +246,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
             with log.stage(f"round{number}.gkd"):
                 losses = gkd.distill(child, parent, splits.train, budget, plan.seed + number, log)
             summary_model = RoundSummary(
-                round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params"}),
+                round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",
+                                                                 "active_params"}),
                 achieved=summary["achieved"], score=summary["score"], alternatives=summary["alternatives"],
                 gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
                 bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)

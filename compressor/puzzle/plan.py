@@ -43,13 +43,36 @@ class Target(_Spec):
     memory_gib: float | None = Field(None, gt=0, alias="memoryGiB",
                                      description="Weights plus KV cache of `batch` requests, per GPU.")
     params: float | None = Field(None, gt=0, le=1.0, description="At most this share of the parent's parameters.")
+    active_params: float | None = Field(None, gt=0, le=1.0,
+                                        description="At most this share of the parent's parameters active per token.")
+    params_billions: float | None = Field(None, gt=0, description="At most this many parameters, in billions; "
+                                                                  "turned into `params` once the parent is known.")
+    active_params_billions: float | None = Field(None, gt=0, description="At most this many active parameters per "
+                                                                         "token, in billions (into `activeParams`).")
     costs: CostSource = CostSource.AUTO
 
     @model_validator(mode="after")
     def _some_limit(self) -> Self:
-        if all(limit is None for limit in (self.throughput, self.latency, self.memory_gib, self.params)):
-            raise ValueError("set at least one of throughput, latency, memoryGiB, params")
+        if all(limit is None for limit in (self.throughput, self.latency, self.memory_gib, self.params,
+                                           self.active_params, self.params_billions, self.active_params_billions)):
+            raise ValueError("set at least one of throughput, latency, memoryGiB, params, activeParams, "
+                             "paramsBillions, activeParamsBillions")
         return self
+
+    def for_parent(self, total: int, active: int) -> Target:
+        """The absolute parameter caps as shares of this parent's (the tighter of share and cap wins)."""
+        def share(current: float | None, billions: float | None, parent: int) -> float | None:
+            if billions is None:
+                return current
+            cap = billions * 1e9 / parent
+            if cap >= 1.0 and current is None:
+                return None  # the parent already meets it
+            return min(cap, current or 1.0)
+
+        return self.model_copy(update={
+            "params": share(self.params, self.params_billions, total),
+            "active_params": share(self.active_params, self.active_params_billions, active),
+            "params_billions": None, "active_params_billions": None})
 
 
 class Library(_Spec):
@@ -132,6 +155,8 @@ class Plan(_Spec):
         """Iterative Puzzle: round r of N meets the (r/N)-th power of every ratio to the parent (memory
         included, as a ratio to the parent's), so the last round meets the target itself."""
         out = []
+        if self.target.params_billions is not None or self.target.active_params_billions is not None:
+            raise ValueError("absolute parameter caps must be resolved with Target.for_parent first")
         for r in range(1, self.rounds + 1):
             share = r / self.rounds
 
@@ -141,6 +166,6 @@ class Plan(_Spec):
             memory = self.target.memory_gib
             out.append(self.target.model_copy(update={
                 "throughput": part(self.target.throughput), "latency": part(self.target.latency),
-                "params": part(self.target.params),
+                "params": part(self.target.params), "active_params": part(self.target.active_params),
                 "memory_gib": None if memory is None else parent_memory_gib * (memory / parent_memory_gib)**share}))
         return out

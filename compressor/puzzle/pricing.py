@@ -35,6 +35,7 @@ class Price(BaseModel):
     weight_bytes: float
     kv_bytes_per_token: float
     params: int
+    active_params: int  # parameters a token uses (a MoE's routed top-k of its experts)
     state_bytes: float = 0.0  # Mamba state (SSM + convolution window) one request holds
 
     def memory_bytes(self, target: Target) -> float:
@@ -96,13 +97,15 @@ class Pricer:
         state = mamba_state_bytes([part], self.arch.ssm_cache_dtype).total if isinstance(part, Mamba) else 0
         return Price(decode_s=self._seconds(part, self.decode), prefill_s=self._seconds(part, self.prefill),
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
-                     params=int(sum(part.params(hidden).values())), state_bytes=state)
+                     params=int(sum(part.params(hidden).values())),
+                     active_params=int(sum(part.active_params(hidden).values())), state_bytes=state)
 
     def _fixed(self) -> Price:
         """Embeddings, final norm and LM head: the whole model minus its blocks."""
         arch, hidden = self.arch, self.arch.hidden_size
         blocks_bytes = sum(block_weight_bytes(block, hidden, self.recipe) for block in arch.blocks)
         blocks_params = sum(int(sum(block.params(hidden).values())) for block in arch.blocks)
+        blocks_active = sum(int(sum(block.active_params(hidden).values())) for block in arch.blocks)
         if self.timer is not None:
             decode_s, prefill_s = (self.timer.head_seconds(hidden, arch.vocab_size, work)
                                    for work in (self.decode, self.prefill))
@@ -111,4 +114,5 @@ class Pricer:
                 self.model.block_cost(block, hidden, work).seconds for block in arch.blocks)
                 for work in (self.decode, self.prefill))
         return Price(decode_s=decode_s, prefill_s=prefill_s, weight_bytes=weight_bytes(arch, self.recipe) -
-                     blocks_bytes, kv_bytes_per_token=0, params=arch.total_params - blocks_params)
+                     blocks_bytes, kv_bytes_per_token=0, params=arch.total_params - blocks_params,
+                     active_params=arch.active_param_count - blocks_active)

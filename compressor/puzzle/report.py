@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from pydantic import BaseModel
 
 from tailor.compressor.puzzle.evaluate import Quality
+from tailor.compressor.results import CompressResult, pack_config
 
 
 class ModelFigures(BaseModel):
@@ -71,3 +75,12 @@ class Report(BaseModel):
         lines += [f"| {name} | {seconds:.1f} |" for name, seconds in self.stage_seconds.items()]
         lines += ["", f"Wall time: {self.wall_seconds:.1f} s.", ""]
         return "\n".join(lines)
+
+
+def compress_result(report: Report, child: Path) -> CompressResult:
+    """The short form the operator reads from the Job: sizes, and the child's config.json to size it by."""
+    return CompressResult(child=str(child), params=report.child.params, active_params=report.child.active_params,
+                          parent_params=report.parent.params, parent_active_params=report.parent.active_params,
+                          pattern=report.child.pattern, predicted_speedup=report.predicted_speedup,
+                          kl_to_parent=report.kl_to_parent,
+                          config=pack_config(json.loads((child / "config.json").read_text())))

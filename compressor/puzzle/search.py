@@ -42,7 +42,7 @@ class Limit(BaseModel):
     """One linear constraint in the user's terms: `field` of the plan, the parent's total, the limit."""
 
     field: str
-    resource: str  # decode_s | prefill_s | memory | params
+    resource: str  # decode_s | prefill_s | memory | params | active_params
     limit: float
     parent_total: float
     higher_is_better: bool  # throughput and latency are ratios where more is better
@@ -58,7 +58,8 @@ class Limit(BaseModel):
             return f"{self.parent_total / total:.3f}x"
         if self.resource == "memory":
             return f"{total / 2**30:.3f} GiB"
-        return f"{total / self.parent_total:.3f} of the parent's parameters"
+        kind = "active parameters" if self.resource == "active_params" else "parameters"
+        return f"{total / self.parent_total:.3f} of the parent's {kind} ({total / 1e9:.3g}B)"
 
 
 def limits_for(target: Target, parent: Price) -> list[Limit]:
@@ -76,6 +77,10 @@ def limits_for(target: Target, parent: Price) -> list[Limit]:
     if target.params is not None:
         out.append(Limit(field="target.params", resource="params", limit=target.params * parent.params,
                          parent_total=parent.params, higher_is_better=False))
+    if target.active_params is not None:
+        out.append(Limit(field="target.activeParams", resource="active_params",
+                         limit=target.active_params * parent.active_params, parent_total=parent.active_params,
+                         higher_is_better=False))
     return out
 
 
@@ -88,12 +93,13 @@ class Solution(BaseModel):
 
 def _totals(chosen: list[Candidate], fixed: Price, target: Target) -> dict[str, float]:
     total = {"decode_s": fixed.decode_s, "prefill_s": fixed.prefill_s, "memory": fixed.memory_bytes(target),
-             "params": float(fixed.params)}
+             "params": float(fixed.params), "active_params": float(fixed.active_params)}
     for c in chosen:
         total["decode_s"] += c.price.decode_s
         total["prefill_s"] += c.price.prefill_s
         total["memory"] += c.price.memory_bytes(target)
         total["params"] += c.price.params
+        total["active_params"] += c.price.active_params
     return total
 
 
@@ -186,7 +192,7 @@ def pareto(slots: list[list[Candidate]], fixed: Price, target: Target, parent: P
     for step in range(points):
         ratio = 1.0 + (top - 1.0) * step / (points - 1)
         swept = target.model_copy(update={"throughput": ratio * (1 - 1e-9), "latency": None, "memory_gib": None,
-                                          "params": None})
+                                          "params": None, "active_params": None})
         best = solve(slots, fixed, swept, limits_for(swept, parent))[0]
         front.append({"throughput": parent.decode_s / best.totals["decode_s"], "kl": best.score,
                       "params": best.totals["params"] / parent.params})

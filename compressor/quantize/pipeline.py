@@ -29,6 +29,7 @@ from tailor.compressor.puzzle.evaluate import Quality, quality
 from tailor.compressor.puzzle.pipeline import Log
 from tailor.compressor.quantize.ptq import calibrate, export, write_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
+from tailor.compressor.results import QuantizeResult
 
 REPORT_FILE = "quantization.json"
 BF16 = RECIPES["bf16"]
@@ -97,6 +98,12 @@ class QuantReport(BaseModel):
                  "weight bytes."]
         rows += [f"Repaired: {repair}" for repair in self.repairs]
         return "\n".join(rows) + "\n"
+
+    def result(self) -> QuantizeResult:
+        """The short form the operator reads from the Job."""
+        return QuantizeResult(checkpoint=self.out, recipe=self.recipe, quant_algo=self.quant_algo,
+                              kv_cache_quant_algo=self.kv_cache_quant_algo, weight_bytes=self.bytes_after,
+                              kl_to_unquantized=self.quantized.quality.kl)
 
 
 def _file_bytes(folder: Path) -> int:

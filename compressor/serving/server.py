@@ -78,6 +78,14 @@ def environment() -> dict[str, str]:
     return env
 
 
+def local_command(args: list[str], work: Path) -> tuple[list[str], dict[str, str]]:
+    """The bundled tritonserver with `args` (as a Triton image's `tritonserver` takes them), its Python backend
+    set up under `work`, and the environment it needs."""
+    backends = backend_folder(work / "backends")
+    return [str(_bundle() / "bin" / "tritonserver"), *args, f"--backend-directory={backends}",
+            "--allow-gpu-metrics=false"], environment()
+
+
 class ServerError(RuntimeError):
     """The server exited or did not become ready; the message carries the end of its log."""
 
@@ -143,17 +151,15 @@ def triton_server(repository: Path, ports: Ports | None = None, *, explicit: boo
     ports = ports or Ports.free()
     work = Path(tempfile.mkdtemp(prefix="tailor-triton-"))
     log = log or work / "tritonserver.log"
-    command = [str(_bundle() / "bin" / "tritonserver"), f"--model-repository={repository.resolve()}",
-               f"--backend-directory={backend_folder(work / 'backends')}", "--http-address=127.0.0.1",
-               f"--http-port={ports.http}", "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
-               "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}", "--allow-metrics=true",
-               "--allow-gpu-metrics=false", "--exit-timeout-secs=10"]
+    args = [f"--model-repository={repository.resolve()}", "--http-address=127.0.0.1", f"--http-port={ports.http}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}", "--metrics-address=127.0.0.1",
+            f"--metrics-port={ports.metrics}", "--allow-metrics=true", "--exit-timeout-secs=10"]
     if explicit:
-        command.append("--model-control-mode=explicit")
-        command += [f"--load-model={name}" for name in load or []]
+        args.append("--model-control-mode=explicit")
+        args += [f"--load-model={name}" for name in load or []]
+    command, env = local_command(args, work)
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment(),
-                                   start_new_session=True)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = RunningServer(process, ports, log)
     try:
         server.wait_ready(timeout)

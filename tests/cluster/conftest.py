@@ -95,3 +95,58 @@ def _served(api: client.ApiClient) -> bool:
     except ApiException:
         return False
     return True
+
+
+class OperatorProcess:
+    """`tailor operator` as a subprocess watching one namespace, as it runs in a cluster; killable."""
+
+    def __init__(self, layout: cluster.Layout, namespace: str, log: Path) -> None:
+        self.layout, self.namespace, self.log = layout, namespace, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        import os
+        import sys
+
+        env = {**os.environ, "KUBECONFIG": str(self.layout.kubeconfig)}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", self.namespace,
+                 "--metrics-port", "0", "--liveness-port", "0"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as when a node dies."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def operator(devcluster: cluster.Layout, crd: None, api: client.ApiClient, namespace: str,
+             tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator for the test's namespace; afterwards its CompressedModels are deleted through it (their
+    finalizers need it), so the namespace can go."""
+    running = OperatorProcess(devcluster, namespace, tmp_path / "operator.log").start()
+    yield running
+    if running.process is None or running.process.poll() is not None:
+        running.start()
+    objects = client.CustomObjectsApi(api)
+    for item in objects.list_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL)["items"]:
+        objects.delete_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL,
+                                                item["metadata"]["name"])
+    wait_for("the CompressedModels to be deleted", lambda: not objects.list_namespaced_custom_object(
+        model.GROUP, model.VERSION, namespace, model.PLURAL)["items"], timeout_s=60)
+    running.stop()

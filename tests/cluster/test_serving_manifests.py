@@ -11,7 +11,7 @@ from kubernetes import client, utils
 
 from tailor.compressor.architecture import load_architecture
 from tailor.operator import api as model
-from tailor.operator.deployment import manifests
+from tailor.operator.deployment import manifests, service
 from tailor.operator.pools import plan_pools
 
 from conftest import REPO, wait_for
@@ -45,10 +45,12 @@ def test_pools_sized_from_live_nodes_deploy_and_go_with_their_model(api: client.
     assert [(p.name, p.gpu_profile, len(p.nodes), p.skipped) for p in plans] == [
         ("b200", "B200-180GB", 1, None), ("h100", "H100-80GB", 2, None)]
     assert spec.deployment is not None
-    objects = [m for plan in plans for m in manifests(created, plan, spec.deployment, "artifacts", "g1/repository")]
+    objects = [m for plan in plans for m in (service(created, plan.name, 1),
+                                             *manifests(created, plan, spec.deployment, "artifacts", "g1/repo", 1))]
     utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)  # the API server validates each
     name = body["metadata"]["name"]
-    assert _owned(api, namespace) == sorted(f"{kind}/{name}-{pool}" for pool in ("b200", "h100") for kind in KINDS)
+    assert _owned(api, namespace) == sorted([f"{kind}/{name}-{pool}-g1" for pool in ("b200", "h100") for kind in KINDS
+                                             if kind != "Service"] + [f"Service/{name}-b200", f"Service/{name}-h100"])
     client.CustomObjectsApi(api).delete_namespaced_custom_object(
         model.GROUP, model.VERSION, namespace, model.PLURAL, body["metadata"]["name"])
     wait_for("the garbage collector to delete the owned objects", lambda: not _owned(api, namespace), timeout_s=90)

@@ -14,7 +14,8 @@ from tailor.devcluster import build, nodes, pki
 def test_default_pools_match_the_documented_fleet() -> None:
     pools = {pool.name: pool for pool in nodes.load_pools().pools}
     fleet = {name: (pool.count, pool.gpu.count if pool.gpu else 0) for name, pool in pools.items()}
-    assert fleet == {"h100": (2, 8), "b200": (1, 8), "a100": (2, 4), "l40s": (1, 2), "cpu": (2, 0)}
+    assert fleet == {"h100": (2, 8), "b200": (1, 8), "a100": (2, 4), "l40s": (1, 2), "cpu": (2, 0), "local": (1, 2)}
+    assert [name for name, pool in pools.items() if pool.executor] == ["local"]
 
 
 def test_gpu_nodes_carry_capacity_labels_and_taint() -> None:
@@ -27,6 +28,8 @@ def test_gpu_nodes_carry_capacity_labels_and_taint() -> None:
     assert h100["spec"]["taints"] == [nodes.GPU_TAINT]
     assert "nvidia.com/gpu" not in manifests["cpu-0"]["status"]["capacity"]
     assert manifests["cpu-0"]["spec"]["taints"] == []
+    local = manifests["local-0"]["metadata"]  # run by the executor, not kwok
+    assert local["annotations"] == {} and local["labels"][nodes.EXECUTOR_LABEL] == "true"
 
 
 def test_bad_pools_file_names_the_file_and_the_field(tmp_path: Path) -> None:

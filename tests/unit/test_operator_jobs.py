@@ -18,7 +18,7 @@ def test_the_launcher_is_tailor_or_torchrun_by_gpus_and_nodes() -> None:
 
 
 def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
-    job, service = stage_job(OWNER, "compress", ARGS, JobSettings(image="i", gpus_per_node=8, nodes=2),
+    job, service = stage_job(OWNER, "compress", 3, ARGS, JobSettings(image="i", gpus_per_node=8, nodes=2),
                              "NVIDIA-B200", "claim", "m-g3-plan")
     assert job["metadata"]["name"] == "m-g3-compress" and job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
@@ -27,7 +27,7 @@ def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
     anti_affinity = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     spread = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
     assert spread[0]["topologyKey"] == "kubernetes.io/hostname"
-    (single,) = stage_job(OWNER, "evaluate", ["evaluate"], JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
+    (single,) = stage_job(OWNER, "evaluate", 3, ["evaluate"], JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
     pod = single["spec"]["template"]["spec"]
     assert "completionMode" not in single["spec"] and pod["restartPolicy"] == "Never"
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False

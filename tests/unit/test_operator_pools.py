@@ -11,7 +11,7 @@ import yaml
 from tailor.compressor.architecture import load_architecture
 from tailor.devcluster import nodes
 from tailor.operator.api import CompressedModel
-from tailor.operator.deployment import manifests, startup_failure_threshold
+from tailor.operator.deployment import manifests, service, startup_failure_threshold
 from tailor.operator.pools import plan_pools
 
 from corpus import EXAMPLES
@@ -48,7 +48,9 @@ def test_the_published_case_fits_8_million_token_requests_per_h100() -> None:
 
 
 def test_fp8_weights_need_two_h100s_per_replica_and_max_replicas_caps_the_target() -> None:
-    model = CompressedModel.model_validate(example("nemotron-super-h100"))
+    manifest = example("nemotron-super-h100")
+    manifest["spec"]["quantization"]["precision"] = "fp8"
+    model = CompressedModel.model_validate(manifest)
     (h100,) = plan_pools(model.spec, NODES, CHILD)
     assert h100.recipe == "fp8-mamba-moe" and h100.tensor_parallel == 2
     assert h100.concurrency_per_replica is not None and h100.concurrency_per_replica >= 16
@@ -65,11 +67,18 @@ def test_pools_without_nodes_or_gpus_are_skipped_with_the_reason() -> None:
 
 
 def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
-    model = CompressedModel.model_validate(example("nemotron-super-h100"))
+    manifest = example("nemotron-super-h100")
+    manifest["spec"]["quantization"]["precision"] = "fp8"
+    model = CompressedModel.model_validate(manifest)
     (plan,) = plan_pools(model.spec, NODES, CHILD)
     owner = {"metadata": {"name": "nemotron-super-h100", "namespace": "default", "uid": "1234"}}
     assert model.spec.deployment is not None
-    deployment, service, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo")
+    deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3)
+    pool_service = service(owner, plan.name, 3)
+    assert deployment["metadata"]["name"] == "nemotron-super-h100-h100-g3"
+    assert pool_service["metadata"]["name"] == "nemotron-super-h100-h100"
+    assert pool_service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["selector"]["matchLabels"]["tailor.dev/revision"] == "g3"
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert deployment["spec"]["replicas"] == plan.replicas
@@ -79,8 +88,8 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(
         2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
     assert "--model-repository=/models/g1/repo" in container["args"]
-    assert [p["port"] for p in service["spec"]["ports"]] == [8000, 8001, 8002]
+    assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002]
     assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "50000"
-    assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, service, budget))
+    assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
-        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r")
+        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1)

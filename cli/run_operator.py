@@ -1,0 +1,53 @@
+"""`tailor operator`: run the kopf operator against the current kubeconfig (or in-cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  tailor operator --all-namespaces                      # every namespace, metrics on :8080, liveness on :8081
+  tailor operator --namespace ml --namespace research   # only these namespaces
+  tailor operator --all-namespaces --job-image registry.example.com/tailor:0.1.0 --profiles gpus.yaml
+"""
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from tailor.compressor.hardware import GpuCatalog
+    from tailor.operator import handlers
+    from tailor.operator.reconcile import OperatorSettings
+
+    kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    handlers.configure(OperatorSettings(job_image=args.job_image, claim_size=args.claim_size,
+                                        catalog=GpuCatalog.load(args.profiles)))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.bind)
+    asyncio.run(kopf.operator(
+        standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace or [],
+        liveness_endpoint=f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None))
+    return 0
+
+
+def add_parser(nouns: Any) -> None:
+    from tailor.operator.reconcile import OperatorSettings
+
+    parser = nouns.add_parser("operator", help="run the CompressedModel operator (kopf)", epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--all-namespaces", action="store_true", help="watch CompressedModels cluster-wide")
+    scope.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    parser.add_argument("--job-image", default=OperatorSettings.job_image,
+                        help="image of the stage Jobs when spec.jobs.image is not set")
+    parser.add_argument("--claim-size", default=OperatorSettings.claim_size,
+                        help="size of the artifacts claim when spec.storage.size is not set")
+    parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")
+    parser.add_argument("--verbose", action="store_true", help="debug logging (kopf's too)")
+    parser.add_argument("--bind", default="0.0.0.0", help="address of the metrics and liveness endpoints")
+    parser.set_defaults(run=_operator)

@@ -1,0 +1,422 @@
+"""The devcluster's development executor: a stand-in kubelet for the nodes labelled `tailor.dev/executor=true`,
+and a stand-in volume provisioner. Not for production: it exists so the operator's Jobs run the real compressor
+and its Triton pods run the real tritonserver on this machine.
+
+- **Node**: keeps the executor nodes Ready (status conditions and heartbeat, as a kubelet does).
+- **Pods** bound to an executor node run as local processes: each container's command and args, in this
+  project's environment (its Python's folder first on PATH, so `tailor`, `torchrun` and `python` are this
+  checkout's), in a folder of their own. The image is ignored. Paths under a volume's mountPath in the
+  command, args and env are rewritten to local folders: a PersistentVolumeClaim to its volume's hostPath, a
+  ConfigMap to its files written out, `/dev/termination-log` to a file whose text becomes the termination
+  message. `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports
+  get free local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
+  `devcluster.tailor.dev/ports: {"http": 31234, ...}`. Readiness comes from the container's httpGet probe.
+  Phase, readiness, restarts and exit codes go back through the pod's status.
+- **Volumes**: a claim that is Pending with no volume gets a hostPath PersistentVolume under the state folder,
+  pre-bound to it, so the PV controller binds them. kwok's pods need bound claims to be scheduled too.
+- Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
+  probes, multi-node torchrun (an Indexed Job's ranks would all run here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tailor.devcluster.log import log
+from tailor.devcluster.nodes import EXECUTOR_LABEL
+
+PORTS_ANNOTATION = "devcluster.tailor.dev/ports"
+TERMINATION_LOG = "/dev/termination-log"
+MESSAGE_BYTES = 4096
+HEARTBEAT_S = 10.0
+POLL_S = 1.0
+RESTART_DELAY_S = 5.0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Container:
+    spec: dict[str, Any]
+    folder: Path
+    process: subprocess.Popen[bytes] | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    ready: bool = False
+    started_at: str | None = None
+    finished_at: str | None = None
+    exited_monotonic: float = 0.0
+
+    @property
+    def message_file(self) -> Path:
+        return self.folder / "termination-log"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "output.log"
+
+
+@dataclass
+class LocalPod:
+    uid: str
+    namespace: str
+    name: str
+    folder: Path
+    restart_policy: str
+    containers: list[Container] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)  # port name (or number) -> local port
+    paths: dict[str, str] = field(default_factory=dict)  # mountPath -> local folder
+    reported: str = ""  # the last status sent, to skip identical writes
+
+
+class Executor:
+    def __init__(self, api: client.ApiClient, state: Path) -> None:
+        self.core = client.CoreV1Api(api)
+        self.state = state
+        self.pods: dict[str, LocalPod] = {}
+        self.last_heartbeat = 0.0
+
+    # --- node and volumes -------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        found: list[Any] = self.core.list_node(label_selector=f"{EXECUTOR_LABEL}=true").items
+        return [n.metadata.name for n in found]
+
+    def heartbeat(self, nodes: list[str]) -> None:
+        now = _now()
+        for node in nodes:
+            conditions = [{"type": kind, "status": "False", "reason": f"KubeletHas{reason}", "message": "executor",
+                           "lastHeartbeatTime": now, "lastTransitionTime": now}
+                          for kind, reason in (("MemoryPressure", "SufficientMemory"),
+                                               ("DiskPressure", "NoDiskPressure"), ("PIDPressure", "SufficientPID"))]
+            conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                               "message": "the devcluster executor runs this node's pods as local processes",
+                               "lastHeartbeatTime": now, "lastTransitionTime": now})
+            self.core.patch_node_status(node, {"status": {
+                "conditions": conditions, "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                                        {"type": "Hostname", "address": node}],
+                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                             "kubeletVersion": "devcluster-executor", "containerRuntimeVersion": "local-processes"}}})
+
+    def provision(self) -> None:
+        claims: list[Any] = self.core.list_persistent_volume_claim_for_all_namespaces().items
+        for claim in claims:
+            if claim.status.phase != "Pending" or claim.spec.volume_name:
+                continue
+            folder = self.state / "volumes" / claim.metadata.namespace / claim.metadata.name
+            folder.mkdir(parents=True, exist_ok=True)
+            volume: Any = {"apiVersion": "v1", "kind": "PersistentVolume",
+                      "metadata": {"name": f"pvc-{claim.metadata.uid}",
+                                   "labels": {"devcluster.tailor.dev/provisioned": "true"}},
+                      "spec": {"capacity": {"storage": claim.spec.resources.requests["storage"]},
+                               "accessModes": claim.spec.access_modes,
+                               "persistentVolumeReclaimPolicy": "Retain",
+                               "storageClassName": claim.spec.storage_class_name or "",
+                               "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
+                               "claimRef": {"namespace": claim.metadata.namespace, "name": claim.metadata.name,
+                                            "uid": claim.metadata.uid}}}
+            try:
+                self.core.create_persistent_volume(volume)
+                log(f"provisioned {folder} for claim {claim.metadata.namespace}/{claim.metadata.name}")
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+
+    # --- pods -------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """One pass: heartbeat, volumes, then every pod bound to an executor node."""
+        nodes = self.nodes()
+        if nodes and time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
+            self.heartbeat(nodes)
+            self.last_heartbeat = time.monotonic()
+        self.provision()
+        seen = set()
+        for node in nodes:
+            pods: list[Any] = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+            for pod in pods:
+                uid = pod.metadata.uid
+                seen.add(uid)
+                local = self.pods.get(uid)
+                if pod.metadata.deletion_timestamp is not None:
+                    self.stop(uid)
+                    self._force_delete(pod)
+                    continue
+                if local is None:
+                    if pod.status.phase in ("Succeeded", "Failed"):
+                        continue
+                    try:
+                        local = self.start(pod)
+                    except (ValueError, OSError, ApiException, RuntimeError) as error:
+                        self._fail_to_start(pod, str(error))
+                        continue
+                self.check(local, pod)
+                self.report(local)
+        for uid in set(self.pods) - seen:
+            self.stop(uid)
+
+    def _force_delete(self, pod: Any) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def _fail_to_start(self, pod: Any, message: str) -> None:
+        log(f"{pod.metadata.namespace}/{pod.metadata.name}: cannot start: {message}")
+        statuses = [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0, "imageID": "",
+                     "state": {"terminated": {"exitCode": 128, "reason": "StartError",
+                                              "message": message[:MESSAGE_BYTES], "finishedAt": _now()}}}
+                    for c in pod.spec.containers]
+        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
+            "phase": "Failed", "message": message[:MESSAGE_BYTES], "reason": "StartError",
+            "containerStatuses": statuses}})
+
+    def start(self, pod: Any) -> LocalPod:
+        meta = pod.metadata
+        folder = self.state / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        local = LocalPod(meta.uid, meta.namespace, meta.name, folder, pod.spec.restart_policy or "Always")
+        volumes = {v.name: self._volume(v, meta.namespace, folder) for v in pod.spec.volumes or []}
+        for spec in pod.spec.containers:
+            container = Container(spec=client.ApiClient().sanitize_for_serialization(spec),  # type: ignore[no-untyped-call]
+                                  folder=folder / spec.name)
+            container.folder.mkdir(exist_ok=True)
+            for mount in spec.volume_mounts or []:
+                if mount.mount_path.startswith("/var/run/secrets/"):
+                    continue  # service-account tokens: the processes use no API credentials
+                local_path = Path(volumes[mount.name]) / (mount.sub_path or "")
+                local.paths[mount.mount_path] = str(local_path)
+            for port in spec.ports or []:
+                local.ports[port.name or str(port.container_port)] = local.ports.setdefault(
+                    str(port.container_port), _free_port())
+            local.containers.append(container)
+        if local.ports:
+            named = {name: port for name, port in local.ports.items() if not name.isdigit()}
+            self.core.patch_namespaced_pod(meta.name, meta.namespace,
+                                           {"metadata": {"annotations": {PORTS_ANNOTATION: json.dumps(named)}}})
+        for container in local.containers:
+            self._launch(local, container)
+        self.pods[meta.uid] = local
+        log(f"{meta.namespace}/{meta.name}: started {len(local.containers)} container(s) in {folder}")
+        return local
+
+    def _volume(self, volume: Any, namespace: str, folder: Path) -> str:
+        if volume.persistent_volume_claim is not None:
+            claim: Any = self.core.read_namespaced_persistent_volume_claim(volume.persistent_volume_claim.claim_name,
+                                                                      namespace)
+            if not claim.spec.volume_name:
+                raise ValueError(f"claim {claim.metadata.name} is not bound")
+            pv: Any = self.core.read_persistent_volume(claim.spec.volume_name)
+            if pv.spec.host_path is None:
+                raise ValueError(f"volume {pv.metadata.name} is not a hostPath volume")
+            return str(pv.spec.host_path.path)
+        target = folder / "volumes" / volume.name
+        target.mkdir(parents=True, exist_ok=True)
+        if volume.config_map is not None:
+            data = self.core.read_namespaced_config_map(volume.config_map.name, namespace).data or {}
+            for key, text in data.items():
+                (target / key).write_text(text)
+            return str(target)
+        if volume.empty_dir is not None or volume.projected is not None:
+            return str(target)
+        raise ValueError(f"volume {volume.name}: only persistentVolumeClaim, configMap and emptyDir are supported")
+
+    def _rewrite(self, local: LocalPod, container: Container, text: str) -> str:
+        text = text.replace(TERMINATION_LOG, str(container.message_file))
+        for mount in sorted(local.paths, key=len, reverse=True):
+            text = _replace_path(text, mount, local.paths[mount])
+        return _replace_ports(text, local.ports)
+
+    def _launch(self, local: LocalPod, container: Container) -> None:
+        spec = container.spec
+        argv = [self._rewrite(local, container, a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        if not argv:
+            raise ValueError(f"container {spec['name']}: the executor runs command/args; it cannot read the image's "
+                             "entrypoint")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "HOSTNAME": local.name, "PYTHONUNBUFFERED": "1"}
+        env.update({e["name"]: self._rewrite(local, container, e.get("value", "")) for e in spec.get("env") or []
+                    if "valueFrom" not in e})
+        work = container.folder / f"run-{container.restarts}"
+        work.mkdir(parents=True, exist_ok=True)
+        if Path(argv[0]).name == "tritonserver":
+            from tailor.compressor.serving.server import local_command
+
+            argv, triton_env = local_command(argv[1:], work)
+            env.update({k: triton_env[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in triton_env})
+        container.message_file.unlink(missing_ok=True)
+        with container.log_file.open("ab") as sink:
+            container.process = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=sink,
+                                                 stderr=subprocess.STDOUT, start_new_session=True)
+        container.started_at, container.exit_code, container.ready = _now(), None, False
+
+    def check(self, local: LocalPod, pod: Any) -> None:
+        """Exits, restarts (restartPolicy Always or OnFailure) and readiness probes."""
+        for container in local.containers:
+            process = container.process
+            if process is not None and container.exit_code is None and process.poll() is not None:
+                container.exit_code, container.finished_at = process.returncode, _now()
+                container.exited_monotonic, container.ready = time.monotonic(), False
+                log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {process.returncode}")
+            if container.exit_code is not None and self._restarts(local, container) and \
+                    time.monotonic() - container.exited_monotonic > RESTART_DELAY_S:
+                container.restarts += 1
+                self._launch(local, container)
+            if container.exit_code is None:
+                container.ready = self._probe(local, container.spec.get("readinessProbe"))
+
+    @staticmethod
+    def _restarts(local: LocalPod, container: Container) -> bool:
+        return local.restart_policy == "Always" or (local.restart_policy == "OnFailure" and container.exit_code != 0)
+
+    @staticmethod
+    def _probe(local: LocalPod, probe: dict[str, Any] | None) -> bool:
+        if probe is None:
+            return True
+        http = probe.get("httpGet")
+        if http is None:
+            return True  # exec and tcp probes are not run: a running process counts as ready
+        port = local.ports.get(str(http["port"]))
+        if port is None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{http.get('path', '/')}", timeout=2) as reply:
+                return bool(200 <= reply.status < 400)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def report(self, local: LocalPod) -> None:
+        statuses, phase = [], "Running"
+        exits = [c.exit_code for c in local.containers]
+        if all(code is not None for code in exits) and not any(self._restarts(local, c) for c in local.containers):
+            phase = "Succeeded" if all(code == 0 for code in exits) else "Failed"
+        for container in local.containers:
+            spec = container.spec
+            if container.exit_code is None:
+                state: dict[str, Any] = {"running": {"startedAt": container.started_at}}
+            else:
+                state = {"terminated": {"exitCode": container.exit_code, "startedAt": container.started_at,
+                                        "finishedAt": container.finished_at,
+                                        "reason": "Completed" if container.exit_code == 0 else "Error",
+                                        **({"message": message} if (message := self._message(container)) else {})}}
+            statuses.append({"name": spec["name"], "image": spec.get("image", ""), "imageID": "",
+                             "ready": container.ready, "started": container.exit_code is None,
+                             "restartCount": container.restarts, "state": state})
+        ready = phase == "Running" and all(c.ready for c in local.containers)
+        condition = "True" if ready else "False"
+        body = {"status": {"phase": phase, "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                           "hostIP": "127.0.0.1", "startTime": local.containers[0].started_at,
+                           "containerStatuses": statuses,
+                           "conditions": [{"type": "Initialized", "status": "True"},
+                                          {"type": "ContainersReady", "status": condition},
+                                          {"type": "Ready", "status": condition}]}}
+        text = json.dumps(body, sort_keys=True)
+        if text == local.reported:
+            return
+        try:
+            self.core.patch_namespaced_pod_status(local.name, local.namespace, body)
+            local.reported = text
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        if phase in ("Succeeded", "Failed"):
+            log(f"{local.namespace}/{local.name}: {phase}")
+
+    @staticmethod
+    def _message(container: Container) -> str | None:
+        """The termination message: the file, else the end of the log for a failure (FallbackToLogsOnError)."""
+        if container.message_file.exists():
+            return container.message_file.read_text(errors="replace")[:MESSAGE_BYTES] or None
+        if container.exit_code and container.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = container.log_file.read_bytes()[-2048:].decode(errors="replace")
+            return "\n".join(tail.splitlines()[-80:]) or None
+        return None
+
+    def stop(self, uid: str) -> None:
+        local = self.pods.pop(uid, None)
+        if local is None:
+            return
+        for container in local.containers:
+            process = container.process
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        log(f"{local.namespace}/{local.name}: stopped")
+
+    def stop_all(self) -> None:
+        for uid in list(self.pods):
+            self.stop(uid)
+
+
+def _replace_path(text: str, mount: str, local: str) -> str:
+    """`mount` where it begins a path (start of text, or after `=`, `:` or a space) becomes `local`."""
+    return re.sub(rf"(?:(?<=^)|(?<=[=:\s])){re.escape(mount)}(?=/|$|\s|:)", local.replace("\\", "\\\\"), text)
+
+
+def _replace_ports(text: str, ports: dict[str, int]) -> str:
+    def local(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{ports.get(match.group(2), match.group(2))}"
+
+    return re.sub(r"^(--[a-z-]+-port=)(\d+)$", local, text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--state", type=Path, required=True, help="folder for volumes and pod folders")
+    args = parser.parse_args()
+    api = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]
+    executor = Executor(api, args.state)
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log(f"executor: running pods of nodes labelled {EXECUTOR_LABEL}=true; state in {args.state}")
+    try:
+        while not stopping:
+            try:
+                executor.sync()
+            except (ApiException, urllib.error.URLError, OSError) as error:
+                log(f"executor: {error}; retrying")
+            time.sleep(POLL_S)
+    finally:
+        executor.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

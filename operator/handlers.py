@@ -1,0 +1,134 @@
+"""The kopf wiring: one daemon per CompressedModel runs reconciliation passes; watch events on the object and on
+the Jobs and Deployments it owns wake it; deletion is a finalizer that removes Jobs and revisions first.
+
+The passes themselves (`reconcile`) are synchronous Kubernetes calls, run in a worker thread so the event
+loop keeps serving watches. A failing pass (API down, a conflict that outlived its retries) is logged,
+counted and retried with exponential backoff; the operator never dies of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from tailor.operator import metrics
+from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.kube import Kube
+from tailor.operator.reconcile import OperatorSettings, reconcile
+
+MANAGED = {"app.kubernetes.io/managed-by": "tailor"}
+MAX_BACKOFF_S = 60.0
+
+
+class Runtime:
+    """What the handlers share: the API client, settings, and a wake-up event per object."""
+
+    def __init__(self) -> None:
+        self.kube: Kube | None = None
+        self.settings = OperatorSettings()
+        self.wakeups: dict[str, asyncio.Event] = {}
+
+    def wake(self, uid: str | None) -> None:
+        if uid is not None and (event := self.wakeups.get(uid)) is not None:
+            event.set()
+
+
+RUNTIME = Runtime()
+
+
+def configure(settings: OperatorSettings) -> None:
+    RUNTIME.settings = settings
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # the reconciler posts its own Events
+    settings.watching.server_timeout = 300  # watches are restarted at least this often
+    settings.watching.client_timeout = 330
+    settings.execution.max_workers = 16
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    api = client.ApiClient()
+    api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
+    RUNTIME.kube = Kube(api)
+
+
+def _owner_uid(body: kopf.Body) -> str | None:
+    return next((ref.get("uid") for ref in body.get("metadata", {}).get("ownerReferences", [])
+                 if ref.get("kind") == "CompressedModel"), None)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_model_event(uid: str, **_: Any) -> None:
+    RUNTIME.wake(uid)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+def on_job_event(body: kopf.Body, **_: Any) -> None:
+    RUNTIME.wake(_owner_uid(body))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+def on_deployment_event(body: kopf.Body, **_: Any) -> None:
+    RUNTIME.wake(_owner_uid(body))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
+async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, uid: str, logger: kopf.Logger,
+              **_: Any) -> None:
+    """Reconcile until the object goes: after each pass, sleep until woken or until the pass's requeue time."""
+    assert namespace is not None  # CompressedModels are namespaced
+    wakeup = RUNTIME.wakeups.setdefault(uid, asyncio.Event())
+    backoff = 1.0
+    try:
+        while not stopped:
+            wakeup.clear()
+            started = time.monotonic()
+            assert RUNTIME.kube is not None
+            try:
+                outcome = await asyncio.to_thread(reconcile, RUNTIME.kube, namespace, name, RUNTIME.settings)
+            except Exception as error:  # the operator outlives any one failure; the next pass retries
+                metrics.RECONCILES.labels(result="error").inc()
+                logger.exception(f"reconcile failed, retrying in {backoff:.0f}s: {error}")
+                delay, backoff = backoff, min(MAX_BACKOFF_S, backoff * 2)
+            else:
+                if outcome is None:  # deleted: the finalizer handler takes over
+                    return
+                metrics.RECONCILES.labels(result="ok").inc()
+                metrics.observe(uid, outcome.phase, time.monotonic() - started)
+                delay, backoff = outcome.requeue_s, 1.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout=delay)
+    finally:
+        RUNTIME.wakeups.pop(uid, None)
+        metrics.forget(uid)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def on_delete(*, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    """Stop the work before the object goes: Jobs (their pods with them) and serving revisions; the claim
+    Tailor created goes too when storage.deletionPolicy is Delete."""
+    assert namespace is not None
+    kube = RUNTIME.kube
+    assert kube is not None
+    owner = f"{namespace}/{name}"
+    selector = {**MANAGED, "tailor.dev/model": name}
+    for kind in ("Job", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"):
+        for item in kube.select(owner, kind, namespace, selector):
+            kube.delete(owner, kind, namespace, item["metadata"]["name"])
+    storage = (body.get("spec") or {}).get("storage") or {}
+    if (storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim")
+            and kube.delete(owner, "PersistentVolumeClaim", namespace, f"{name}-artifacts")):
+        logger.info(f"deleted PersistentVolumeClaim {name}-artifacts (deletionPolicy Delete)")
+    kube.requests.pop(owner, None)

@@ -1,0 +1,141 @@
+"""The few Kubernetes calls the reconciler makes, on the official client, with the semantics it needs:
+create-or-adopt (a restarted operator finds its Job and creates no second one), reads that return None
+for a missing object, deletes that ignore one already gone, and transient errors retried with backoff.
+Every request is counted per CompressedModel for the operator's metrics and the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tailor.operator import metrics
+from tailor.operator.api import GROUP, PLURAL, VERSION
+
+RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
+ATTEMPTS = 5
+
+# Kind -> (api group/version, plural) for the objects the operator owns.
+KINDS = {
+    "Job": ("batch/v1", "jobs"), "Service": ("v1", "services"), "ConfigMap": ("v1", "configmaps"),
+    "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"), "Deployment": ("apps/v1", "deployments"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"), "Pod": ("v1", "pods"),
+    "CompressedModel": (f"{GROUP}/{VERSION}", PLURAL),
+}
+
+
+class Kube:
+    """Namespaced reads and writes through the generic dynamic paths of the API server."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.requests: Counter[str] = Counter()  # by "namespace/name" of the CompressedModel it served
+
+    def _call(self, owner: str, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
+              content_type: str = "application/json") -> Any:
+        """One request, retried with jittered backoff on conflicts, throttling and server errors."""
+        for attempt in range(ATTEMPTS):
+            self.requests[owner] += 1
+            metrics.API_REQUESTS.inc()
+            try:
+                return self._request(method, path, body, query or [], content_type)
+            except ApiException as error:
+                if error.status not in RETRIED_STATUS or attempt == ATTEMPTS - 1 or (
+                        error.status == 409 and method == "POST"):
+                    raise
+                time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def _request(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str) -> Any:
+        method, url, headers, payload, _ = self.api.param_serialize(
+            method, path, query_params=query, body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": content_type})
+        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=60)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason,
+                               body=response.data.decode(errors="replace") if response.data else None)
+        return json.loads(response.data) if response.data else None
+
+    @staticmethod
+    def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        version, plural = KINDS[kind]
+        root = "/api/v1" if version == "v1" else f"/apis/{version}"
+        path = f"{root}/namespaces/{namespace}/{plural}"
+        if name is not None:
+            path += f"/{name}"
+        if subresource is not None:
+            path += f"/{subresource}"
+        return path
+
+    def get(self, owner: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self._call(owner, "GET", self._path(kind, namespace, name))
+            return found
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def select(self, owner: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        found = self._call(owner, "GET", self._path(kind, namespace), query=[("labelSelector", selector)])
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
+
+    def ensure(self, owner: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create `manifest`, or adopt the object already there by that name; (object, created)."""
+        meta = manifest["metadata"]
+        try:
+            return self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]), manifest), True
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        existing = self.get(owner, manifest["kind"], meta["namespace"], meta["name"])
+        if existing is None:  # deleted in between: the next pass creates it
+            raise RuntimeError(f"{manifest['kind']} {meta['name']} vanished while being adopted")
+        return existing, False
+
+    def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self._call(owner, "PATCH", self._path(kind, namespace, name), patch,
+                   content_type="application/merge-patch+json")
+
+    def delete(self, owner: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete (children in the background); False when it was already gone."""
+        try:
+            self._call(owner, "DELETE", self._path(kind, namespace, name),
+                       {"propagationPolicy": "Background"})
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_status(self, owner: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._call(owner, "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+                   {"status": status}, content_type="application/merge-patch+json")
+
+    def nodes(self, owner: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._call(owner, "GET", "/api/v1/nodes").get("items", [])
+        return items
+
+    def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the CompressedModel (kubectl describe shows it)."""
+        meta = model["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CompressedModel",
+                                   "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+                                   "resourceVersion": meta.get("resourceVersion")},
+                "type": kind, "reason": reason, "message": message[:1024], "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "tailor-operator"},
+                "reportingComponent": "tailor.dev/operator", "reportingInstance": "tailor-operator"}
+        self._call(owner, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
+

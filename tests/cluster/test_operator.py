@@ -1,0 +1,188 @@
+"""The operator as a subprocess against the devcluster, with kwok playing the GPU nodes: stage Jobs finish at
+once and hand back the results the test puts in `devcluster.tailor.dev/result-<stage>` pod annotations (kwok
+writes them as the termination message); Triton pods become Ready without running. What is real: the API
+server, the Job, Deployment, HPA and garbage-collection controllers, the scheduler, and the operator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, pack_config
+
+from cmodels import OBJECTS, cmodel, events, jobs, wait_phase
+from conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = json.loads((REPO / "compressor" / "models" / "nemotron-3-puzzle-75b-a9b.json").read_text())
+
+
+def results(passed: bool = True) -> dict[str, str]:
+    """Pod annotations carrying each stage's result: the built-in Puzzle-75B child, NVFP4, a gate verdict."""
+    compress = CompressResult(child="/artifacts/x/g1/compress/child", params=75_350_000_000,
+                              active_params=9_310_000_000, parent_params=120_670_000_000,
+                              parent_active_params=12_770_000_000, pattern="M" * 88, predicted_speedup=2.0,
+                              kl_to_parent=0.1, config=pack_config(CHILD))
+    quantize = QuantizeResult(checkpoint="/artifacts/x/g1/quantized", recipe="nvfp4-mamba-moe", quant_algo="NVFP4",
+                              kv_cache_quant_algo="FP8", weight_bytes=44_950_000_000, kl_to_unquantized=0.01)
+    gate = GateResult(parent_score=0.60, child_score=0.59 if passed else 0.50,
+                      retention=0.59 / 0.60 if passed else 0.50 / 0.60, min_retention=0.97, passed=passed,
+                      parent_perplexity=5.0, child_perplexity=5.2, kl_to_parent=0.1, tokens=4096)
+    return {f"devcluster.tailor.dev/result-{r.stage}": r.message() for r in (compress, quantize, gate)}
+
+
+def example(name: str, annotations: dict[str, str], **deployment: Any) -> dict[str, Any]:
+    """The H100 example (NVFP4 weights, weight-only on Hopper, at 10^6 tokens) on an H100 and an A100-40GB pool."""
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    body["metadata"] = {"name": name}
+    spec = body["spec"]
+    spec["jobs"] = {"podAnnotations": annotations, "backoffLimit": 1}
+    spec["deployment"]["pools"] = [
+        {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+         "concurrency": {"perNode": 16}},
+        {"name": "a100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
+         "concurrency": {"perNode": 8}}]
+    spec["deployment"].update({"maxReplicas": 8, **deployment})
+    return body
+
+
+def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    objects = client.CustomObjectsApi(api)
+    OBJECTS.create(objects, namespace, example("super", results()))
+    ready = wait_phase(objects, namespace, "super", "Ready", operator)
+    status = ready["status"]
+    pools = {p["name"]: p for p in status["pools"]}
+    assert pools["h100"]["concurrencyPerGpu"] == 8  # the published 8 concurrent 1M-token requests per H100
+    assert pools["h100"]["gpusPerReplica"] == 1 and pools["h100"]["replicas"] == 4  # 2 nodes x 16 / 8
+    assert pools["h100"]["readyReplicas"] == 4 and pools["h100"]["revision"] == "g1"
+    assert "no FP8 math" in pools["a100"]["skipped"]
+    assert status["architecture"]["totalParamsBillions"] == pytest.approx(75.35)
+    assert status["architecture"]["precision"] == "nvfp4-mamba-moe"
+    assert status["quality"]["passed"] is True
+    assert [s["state"] for s in status["stages"]] == ["Succeeded"] * 4
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["observedGeneration"] == 1
+    assert {e["url"] for e in status["endpoints"]} == {f"super-h100.{namespace}.svc:8000",
+                                                      f"super-h100.{namespace}.svc:8001"}
+
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    deployment = apps.read_namespaced_deployment("super-h100-g1", namespace)
+    container = deployment.spec.template.spec.containers[0]
+    assert container.resources.requests["nvidia.com/gpu"] == "1"
+    assert container.args[0] == "--model-repository=/models/super/g1/triton-h100/repository"
+    assert core.read_namespaced_service("super-h100", namespace).spec.selector["tailor.dev/revision"] == "g1"
+    hpa = client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler("super-h100-g1", namespace)
+    assert hpa.spec.max_replicas == 8
+    assert not apps.list_namespaced_deployment(namespace, label_selector="tailor.dev/pool=a100").items
+    assert sorted(jobs(api, namespace)) == ["super-g1-compress", "super-g1-evaluate", "super-g1-package-h100",
+                                            "super-g1-quantize"]
+    compress = client.BatchV1Api(api).read_namespaced_job("super-g1-compress", namespace).spec.template.spec
+    assert compress.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert compress.containers[0].command[:3] == ["tailor", "compress", "--config"]
+    assert {"JobCreated", "QualityGatePassed", "Ready"} <= set(events(api, namespace, "super"))
+
+
+def test_failing_job_is_retried_then_fails(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    objects = client.CustomObjectsApi(api)
+    OBJECTS.create(objects, namespace, example("broken", {"devcluster.tailor.dev/fail": "CUDA out of memory"}))
+    failed = wait_phase(objects, namespace, "broken", "Failed", operator)
+    conditions = {c["type"]: c for c in failed["status"]["conditions"]}
+    assert conditions["Failed"]["reason"] == "BackoffLimitExceeded"
+    assert "CUDA out of memory" in conditions["Failed"]["message"]
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items
+    assert len(pods) == 2  # the first try and backoffLimit 1 retry
+    assert jobs(api, namespace) == ["broken-g1-compress"]  # nothing after the failed stage
+
+
+def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    """A deployment-only change rolls out a new revision without recompressing; a change that fails the quality
+    gate leaves the serving revision alone."""
+    objects = client.CustomObjectsApi(api)
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    OBJECTS.create(objects, namespace, example("m", results()))
+    wait_phase(objects, namespace, "m", "Ready", operator)
+
+    OBJECTS.patch(objects, namespace, "m", {"spec": {"deployment": {"maxReplicas": 2}}})
+    ready = wait_phase(objects, namespace, "m", "Ready", operator, generation=2)
+    assert ready["status"]["servingGeneration"] == 2 and ready["status"]["build"]["generation"] == 1
+    assert [d.metadata.name for d in apps.list_namespaced_deployment(namespace).items] == ["m-h100-g2"]
+    assert apps.read_namespaced_deployment("m-h100-g2", namespace).spec.replicas == 2
+    assert core.read_namespaced_service("m-h100", namespace).spec.selector["tailor.dev/revision"] == "g2"
+    assert "m-g2-compress" not in jobs(api, namespace)  # no recompression for a deployment-only change
+    assert "TrafficSwitched" in events(api, namespace, "m")
+
+    OBJECTS.patch(objects, namespace, "m", {"spec": {"compression": {"minQualityRetention": 0.99},
+                                                     "jobs": {"podAnnotations": results(passed=False)}}})
+    failed = wait_phase(objects, namespace, "m", "Failed", operator, generation=3)
+    conditions = {c["type"]: c for c in failed["status"]["conditions"]}
+    assert conditions["Failed"]["reason"] == "QualityGateFailed"
+    assert conditions["Ready"]["status"] == "True"  # generation 2 keeps serving
+    assert failed["status"]["servingGeneration"] == 2
+    assert [d.metadata.name for d in apps.list_namespaced_deployment(namespace).items] == ["m-h100-g2"]
+    assert core.read_namespaced_service("m-h100", namespace).spec.selector["tailor.dev/revision"] == "g2"
+    assert "m-g3-compress" in jobs(api, namespace)
+
+
+def test_restart_mid_compression_adopts_the_job(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    held = {**results(), "devcluster.tailor.dev/hold": "until the test lets go"}
+    OBJECTS.create(objects, namespace, example("r", held))
+    wait_phase(objects, namespace, "r", "Compressing", operator)
+    operator.kill()
+    operator.start()
+    _running_compress_pod(core, namespace)
+
+    def release_held_pods() -> bool:  # each stage's pod carries the hold: let each go as it comes
+        for pod in core.list_namespaced_pod(namespace).items:
+            if "devcluster.tailor.dev/hold" in (pod.metadata.annotations or {}) and pod.status.phase == "Running":
+                core.patch_namespaced_pod(pod.metadata.name, namespace,
+                                          {"metadata": {"annotations": {"devcluster.tailor.dev/hold": None}}})
+        status = (cmodel(objects, namespace, "r") or {}).get("status") or {}
+        return status.get("phase") == "Ready"
+
+    wait_for("r to become Ready", release_held_pods, timeout_s=90)
+    assert jobs(api, namespace).count("r-g1-compress") == 1
+    assert len(core.list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items) == 1
+
+
+def test_delete_mid_compression_leaves_nothing(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    OBJECTS.create(objects, namespace, example("d", {"devcluster.tailor.dev/hold": "forever"}))
+    wait_phase(objects, namespace, "d", "Compressing", operator)
+    _running_compress_pod(core, namespace)
+    OBJECTS.delete(objects, namespace, "d")
+    wait_for("the CompressedModel to go", lambda: not cmodel(objects, namespace, "d"), timeout_s=60)
+    wait_for("its Jobs and pods to go", lambda: not jobs(api, namespace) and not core.list_namespaced_pod(
+        namespace).items, timeout_s=60)
+    assert not core.list_namespaced_config_map(namespace, label_selector="tailor.dev/model=d").items
+    # deletionPolicy Retain (the default): the artifacts claim stays
+    assert core.read_namespaced_persistent_volume_claim("d-artifacts", namespace)
+
+
+def test_update_during_deploying_and_two_objects(api: client.ApiClient, namespace: str, operator: Any) -> None:
+    objects, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
+    OBJECTS.create(objects, namespace, example("a", results()))
+    OBJECTS.create(objects, namespace, example("b", results(), maxReplicas=3))
+    wait_phase(objects, namespace, "a", "Deploying", operator)
+    OBJECTS.patch(objects, namespace, "a", {"spec": {"deployment": {"maxReplicas": 3}}})
+    a = wait_phase(objects, namespace, "a", "Ready", operator, generation=2)
+    b = wait_phase(objects, namespace, "b", "Ready", operator)
+    assert a["status"]["servingGeneration"] == 2 and b["status"]["servingGeneration"] == 1
+    names = sorted(d.metadata.name for d in apps.list_namespaced_deployment(namespace).items)
+    assert names == ["a-h100-g2", "b-h100-g1"]
+    assert all(d.spec.replicas == 3 for d in apps.list_namespaced_deployment(namespace).items)
+
+
+def _running_compress_pod(core: client.CoreV1Api, namespace: str) -> str:
+    def running() -> str | None:
+        pods = core.list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items
+        return next((p.metadata.name for p in pods if p.status.phase == "Running"), None)
+
+    name: str = wait_for("the compression pod to run", running, timeout_s=60)
+    return name
+
