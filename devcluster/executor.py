@@ -3,15 +3,15 @@ and a stand-in volume provisioner. Not for production: it exists so the operator
 and its Triton pods run the real tritonserver on this machine.
 
 - **Node**: keeps the executor nodes Ready (status conditions and heartbeat, as a kubelet does).
-- **Pods** bound to an executor node run as local processes: each container's command and args, in this
-  project's environment (its Python's folder first on PATH, so `tailor`, `torchrun` and `python` are this
-  checkout's), in a folder of their own. The image is ignored. Paths under a volume's mountPath in the
-  command, args and env are rewritten to local folders: a PersistentVolumeClaim to its volume's hostPath, a
-  ConfigMap to its files written out, `/dev/termination-log` to a file whose text becomes the termination
-  message. `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports
-  get free local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
-  `devcluster.tailor.dev/ports: {"http": 31234, ...}`. Readiness comes from the container's httpGet probe.
-  Phase, readiness, restarts and exit codes go back through the pod's status.
+- **Pods** bound to an executor node run as local processes: each container's command and args, in this project's
+  environment (its Python's folder first on PATH, so `tailor`, `torchrun` and `python` are this checkout's), in a
+  folder of their own. The image is ignored. Paths under a volume's mountPath in the command, args, env and
+  ConfigMap files are rewritten to local folders: a PersistentVolumeClaim to its volume's hostPath, a ConfigMap to
+  its files written out, `/dev/termination-log` to a file whose text becomes the termination message.
+  `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports get free
+  local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
+  `devcluster.tailor.dev/ports: {"http": 31234, ...}`. Readiness comes from the container's httpGet probe. Phase,
+  readiness, restarts and exit codes go back through the pod's status.
 - **Volumes**: a claim that is Pending with no volume gets a hostPath PersistentVolume under the state folder,
   pre-bound to it, so the PV controller binds them. kwok's pods need bound claims to be scheduled too.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
@@ -216,6 +216,10 @@ class Executor:
                 local.ports[port.name or str(port.container_port)] = local.ports.setdefault(
                     str(port.container_port), _free_port())
             local.containers.append(container)
+        for volume in pod.spec.volumes or []:  # a plan file names paths as the container sees them
+            if volume.config_map is not None:
+                for file in Path(volumes[volume.name]).iterdir():
+                    file.write_text(self._rewrite_paths(local, file.read_text()))
         if local.ports:
             named = {name: port for name, port in local.ports.items() if not name.isdigit()}
             self.core.patch_namespaced_pod(meta.name, meta.namespace,
@@ -247,10 +251,14 @@ class Executor:
             return str(target)
         raise ValueError(f"volume {volume.name}: only persistentVolumeClaim, configMap and emptyDir are supported")
 
-    def _rewrite(self, local: LocalPod, container: Container, text: str) -> str:
-        text = text.replace(TERMINATION_LOG, str(container.message_file))
+    @staticmethod
+    def _rewrite_paths(local: LocalPod, text: str) -> str:
         for mount in sorted(local.paths, key=len, reverse=True):
             text = _replace_path(text, mount, local.paths[mount])
+        return text
+
+    def _rewrite(self, local: LocalPod, container: Container, text: str) -> str:
+        text = self._rewrite_paths(local, text.replace(TERMINATION_LOG, str(container.message_file)))
         return _replace_ports(text, local.ports)
 
     def _launch(self, local: LocalPod, container: Container) -> None:
@@ -380,7 +388,8 @@ class Executor:
 
 def _replace_path(text: str, mount: str, local: str) -> str:
     """`mount` where it begins a path (start of text, or after `=`, `:` or a space) becomes `local`."""
-    return re.sub(rf"(?:(?<=^)|(?<=[=:\s])){re.escape(mount)}(?=/|$|\s|:)", local.replace("\\", "\\\\"), text)
+    return re.sub(rf"(?:(?<=^)|(?<=[=:\s])){re.escape(mount)}(?=/|$|\s|:)", local.replace("\\", "\\\\"), text,
+                  flags=re.MULTILINE)
 
 
 def _replace_ports(text: str, ports: dict[str, int]) -> str:

@@ -61,6 +61,7 @@ from tailor.operator.stages import (
     package_args,
     parent_location,
     quantize_args,
+    quantizes,
     repository,
 )
 
@@ -136,7 +137,7 @@ class Pass:
         try:
             self.start_build(spec)
             claim = self.ensure_claim(spec)
-            for stage in self.build_stages(spec):
+            for stage in self.build_stages(spec, self.settings.catalog):
                 if not self.run_stage(spec, stage, claim):
                     return self.outcome(STAGE_PHASES[stage])
             if spec.deployment is None:
@@ -179,9 +180,9 @@ class Pass:
         self.event("BuildStarted", f"generation {self.generation} builds new artifacts (fingerprint {print_})")
 
     @staticmethod
-    def build_stages(spec: CompressedModelSpec) -> list[StageName]:
+    def build_stages(spec: CompressedModelSpec, catalog: GpuCatalog) -> list[StageName]:
         stages: list[StageName] = ["Compress", "Quantize", "Evaluate"]
-        return [s for s in stages if s != "Quantize" or spec.quantization.precision != "none"]
+        return [s for s in stages if s != "Quantize" or quantizes(spec, catalog)]
 
     @property
     def build(self) -> int:
@@ -236,7 +237,7 @@ class Pass:
         command = STAGE_COMMANDS[name]
         args = {"compress": lambda: compress_args(self.name, self.build),
                 "quantize": lambda: quantize_args(spec, self.name, self.build, self.settings.catalog),
-                "evaluate": lambda: evaluate_args(spec, self.name, self.build)}[command]()
+                "evaluate": lambda: evaluate_args(spec, self.name, self.build, self.settings.catalog)}[command]()
         plan_map = self.plan_config_map(spec)
         message = self.job(spec, command, self.build, args, claim, plan_map, progress)
         if message is None:
@@ -344,7 +345,7 @@ class Pass:
         except (ValidationError, ValueError) as error:
             raise StageFailed("InvalidResult", f"the {stage} Job's result is not what tailor writes: "
                                                f"{error}") from error
-        if spec.quantization.precision == "none" and stage == "Compress" and self.status.architecture is not None:
+        if stage == "Compress" and self.status.architecture is not None and not quantizes(spec, self.settings.catalog):
             self.status.architecture.precision = "bf16"
 
     # --- deployment -------------------------------------------------------------------------------
@@ -413,7 +414,8 @@ class Pass:
                 self.retire(plan.name, keep=revision)
             return status, ready
         package = self.job(spec, "package", self.generation,
-                           package_args(spec, self.name, self.build, self.generation, plan), claim,
+                           package_args(spec, self.name, self.build, self.generation, plan, self.settings.catalog),
+                           claim,
                            self.plan_config_map(spec), self.stage("Deploy"), suffix=plan.name)
         if package is None:
             return status, False

@@ -56,6 +56,11 @@ def weight_precision(spec: CompressedModelSpec, catalog: GpuCatalog) -> Precisio
     return Precision.BF16 if precision == "none" else Precision(precision)
 
 
+def quantizes(spec: CompressedModelSpec, catalog: GpuCatalog) -> bool:
+    """Whether there is a quantization stage: not for `none`, nor for `auto` on a GPU without FP8 or NVFP4."""
+    return weight_precision(spec, catalog) is not Precision.BF16
+
+
 def kv_cache_dtype(spec: CompressedModelSpec, catalog: GpuCatalog) -> KvDtype:
     dtype = spec.quantization.kv_cache_dtype
     if dtype == "auto":
@@ -124,23 +129,24 @@ def compress_args(name: str, build: int) -> list[str]:
             "--result-file", RESULT_FILE]
 
 
-def checkpoint(spec: CompressedModelSpec, name: str, build: int) -> str:
-    """The checkpoint that is evaluated and served: the quantized one, or the child for precision none."""
-    if spec.quantization.precision == "none":
+def checkpoint(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> str:
+    """The checkpoint that is evaluated and served: the quantized one, or the BF16 child."""
+    if not quantizes(spec, catalog):
         return f"{build_dir(name, build)}/compress/child"
     return f"{build_dir(name, build)}/quantized"
 
 
 def quantize_args(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> list[str]:
     fmt = spec.quantization.precision  # auto, nvfp4 or fp8; `none` has no quantization Job
-    return ["quantize", "--model", f"{build_dir(name, build)}/compress/child", "--out", checkpoint(spec, name, build),
+    return ["quantize", "--model", f"{build_dir(name, build)}/compress/child", "--out",
+            checkpoint(spec, name, build, catalog),
             "--format", fmt, "--gpu", spec.compression.target_gpu.value,
             "--kv-cache", kv_cache_dtype(spec, catalog).value, "--parent", parent_location(spec)[0],
             "--result-file", RESULT_FILE]
 
 
-def evaluate_args(spec: CompressedModelSpec, name: str, build: int) -> list[str]:
-    return ["evaluate", "--model", checkpoint(spec, name, build), "--parent", parent_location(spec)[0],
+def evaluate_args(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> list[str]:
+    return ["evaluate", "--model", checkpoint(spec, name, build, catalog), "--parent", parent_location(spec)[0],
             "--min-retention", str(spec.compression.min_quality_retention), "--result-file", RESULT_FILE]
 
 
@@ -149,10 +155,11 @@ def repository(name: str, generation: int, pool: str) -> str:
     return f"{name}/g{generation}/triton-{pool}"
 
 
-def package_args(spec: CompressedModelSpec, name: str, build: int, generation: int, plan: PoolPlan) -> list[str]:
+def package_args(spec: CompressedModelSpec, name: str, build: int, generation: int, plan: PoolPlan,
+                 catalog: GpuCatalog) -> list[str]:
     assert plan.gpu_profile is not None and plan.concurrency_per_replica is not None
     assert spec.deployment is not None
-    return ["package", "--model", checkpoint(spec, name, build), "--out",
+    return ["package", "--model", checkpoint(spec, name, build, catalog), "--out",
             f"{ARTIFACTS}/{repository(name, generation, plan.name)}", "--name", name, "--gpu", plan.gpu_profile,
             "--context", str(spec.deployment.context_length),
             "--max-batch-size", str(min(plan.concurrency_per_replica, 64))]

@@ -1,0 +1,66 @@
+"""The whole lifecycle for real on the devcluster's executor node (`local-0`, this machine): the operator's Jobs
+run `tailor compress` and `tailor evaluate` on the toy NemotronH hybrid, a package Job writes the Triton model
+repository, and the Deployment's pod is a real tritonserver that answers an inference.
+
+The `cpu` target has no FP8 or NVFP4 math, so `precision: auto` resolves to BF16 and there is no quantization
+stage here (the quantization Job's command is exercised on kwok in test_operator.py and `tailor quantize` in
+tests/unit/compressor/test_quantize.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tailor.compressor.serving.client import infer
+
+from cmodels import OBJECTS, jobs, wait_phase
+from conftest import wait_for
+
+PLAN = {"data": {"seqLen": 64}, "target": {"costs": "roofline"},
+        "bld": {"tokens": 1024, "lr": 0.001, "batch": 4}, "bldActivationTokens": 512, "scoringTokens": 256,
+        "evalTokens": 256, "gkd": {"tokens": 512, "lr": 0.0001, "batch": 4}, "measureTokens": 4,
+        "measureContext": 128}
+
+
+def _source_claim(core: client.CoreV1Api, namespace: str, parent: Path) -> None:
+    """A claim holding the parent, as a platform team would stage weights: the provisioner binds it to a folder."""
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "models"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    claim = wait_for("the models claim to bind", lambda: core.read_namespaced_persistent_volume_claim(
+        "models", namespace).spec.volume_name, timeout_s=30)
+    folder = Path(core.read_persistent_volume(claim).spec.host_path.path)
+    shutil.copytree(parent, folder / "tiny-nemotron-h")
+
+
+@pytest.mark.timeout(900)
+def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, operator: Any,
+                                     tiny_hybrid: Path) -> None:
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    _source_claim(core, namespace, tiny_hybrid)
+    OBJECTS.create(objects, namespace, {"metadata": {"name": "toy"}, "spec": {
+        "source": {"uri": "pvc://models/tiny-nemotron-h"},
+        "compression": {"targetGPU": "cpu", "throughputFactor": 1.05, "contextLength": 256, "rounds": 1,
+                        "minQualityRetention": 0.5, "planOverrides": PLAN},
+        "deployment": {"pools": [{"name": "local", "nodeSelector": {"nvidia.com/gpu.product": "tailor-local-cpu"},
+                                  "concurrency": {"total": 4}}],
+                       "contextLength": 256, "minReplicas": 1, "maxReplicas": 1},
+        "storage": {"deletionPolicy": "Delete"}}})
+    ready = wait_phase(objects, namespace, "toy", "Ready", operator, timeout_s=780)
+    status = ready["status"]
+    assert jobs(api, namespace) == ["toy-g1-compress", "toy-g1-evaluate", "toy-g1-package-local"]
+    assert status["quality"]["passed"] is True and status["quality"]["retention"] >= 0.5
+    assert status["architecture"]["precision"] == "bf16" and status["architecture"]["blocks"] == 8
+    (pool,) = status["pools"]
+    assert pool["readyReplicas"] == 1 and pool["revision"] == "g1"
+
+    (pod,) = core.list_namespaced_pod(namespace, label_selector="tailor.dev/pool=local").items
+    assert pod.spec.node_name == "local-0"
+    ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
+    answer = infer(f"127.0.0.1:{ports['http']}", "toy", "http", "ROMEO:", max_tokens=8)
+    assert len(answer.ids) == 8 and answer.text
