@@ -313,7 +313,7 @@ class JobsSpec(ApiModel):
                                description="Retries of a failed stage before the object is Failed.")
     active_deadline_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=90 * 24 * 3600,
                                          description="Longest a stage's Job may run.")
-    pod_annotations: dict[str, str] = Field(default_factory=dict, max_length=32,
+    pod_annotations: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra={"default": {}},
                                             description="Annotations for the stage pods.")
 
 
