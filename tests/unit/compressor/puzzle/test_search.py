@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -11,22 +12,28 @@ from tailor.compressor.puzzle.plan import Target
 from tailor.compressor.puzzle.pricing import Price
 from tailor.compressor.puzzle.search import Candidate, InfeasibleTarget, limits_for, pareto, solve
 
-FIXED = Price(decode_s=1.0, prefill_s=1.0, weight_bytes=100.0, kv_bytes_per_token=0.0, params=100)
+
+def price(**fields: Any) -> Price:
+    """A price whose parameters are all active (no MoE in these instances)."""
+    return Price(active_params=fields["params"], **fields)
+
+
+FIXED = price(decode_s=1.0, prefill_s=1.0, weight_bytes=100.0, kv_bytes_per_token=0.0, params=100)
 
 
 def instance(seed: int, slots: int = 5, options: int = 4) -> tuple[list[list[Candidate]], Price]:
     rng = random.Random(seed)
     out = []
     for i in range(slots):
-        parent = Price(decode_s=1.0, prefill_s=2.0, weight_bytes=50.0, kv_bytes_per_token=1.0, params=50)
+        parent = price(decode_s=1.0, prefill_s=2.0, weight_bytes=50.0, kv_bytes_per_token=1.0, params=50)
         row = [Candidate(slot=i, label="parent", score=0.0, price=parent)]
         for j in range(1, options):
             share = rng.uniform(0.0, 0.95)
             row.append(Candidate(slot=i, label=f"v{j}", score=rng.uniform(0.0, 1.0) * (1 - share) + 0.01,
-                                 price=Price(decode_s=share, prefill_s=2 * share, weight_bytes=50.0 * share,
+                                 price=price(decode_s=share, prefill_s=2 * share, weight_bytes=50.0 * share,
                                              kv_bytes_per_token=share, params=int(50 * share))))
         out.append(row)
-    parent = Price(decode_s=FIXED.decode_s + slots, prefill_s=FIXED.prefill_s + 2 * slots,
+    parent = price(decode_s=FIXED.decode_s + slots, prefill_s=FIXED.prefill_s + 2 * slots,
                    weight_bytes=FIXED.weight_bytes + 50 * slots, kv_bytes_per_token=slots, params=100 + 50 * slots)
     return out, parent
 
@@ -79,11 +86,11 @@ def test_an_unreachable_target_names_the_limit_and_the_best_value() -> None:
 
 
 def test_limits_that_conflict_only_together_say_so() -> None:
-    slots = [[Candidate(slot=0, label="fast-big", score=0.0, price=Price(decode_s=0.1, prefill_s=1, weight_bytes=1,
+    slots = [[Candidate(slot=0, label="fast-big", score=0.0, price=price(decode_s=0.1, prefill_s=1, weight_bytes=1,
                                                                           kv_bytes_per_token=0, params=100)),
-              Candidate(slot=0, label="slow-small", score=0.0, price=Price(decode_s=1.0, prefill_s=1, weight_bytes=1,
+              Candidate(slot=0, label="slow-small", score=0.0, price=price(decode_s=1.0, prefill_s=1, weight_bytes=1,
                                                                             kv_bytes_per_token=0, params=10))]]
-    parent = Price(decode_s=2.0, prefill_s=2, weight_bytes=101, kv_bytes_per_token=0, params=200)
+    parent = price(decode_s=2.0, prefill_s=2, weight_bytes=101, kv_bytes_per_token=0, params=200)
     target = Target(gpu="cpu", throughput=1.5, params=0.6)
     with pytest.raises(InfeasibleTarget, match=r"target.throughput cannot be met together with target.params: "
                                                r"under those the best child reaches 1.000x"):
@@ -119,3 +126,18 @@ def test_one_ssm_state_size_for_every_mamba_block_and_still_optimal(seed: int) -
     expected = min(sum(c.score for c in combo) for combo in uniform
                    if FIXED.decode_s + sum(c.price.decode_s for c in combo) <= limit + 1e-9)
     assert best.score == pytest.approx(expected, abs=1e-6)
+
+
+def test_an_active_parameter_cap_prefers_fewer_active_parameters_at_equal_size() -> None:
+    # two MoE variants of one block, equal in size: routing to fewer experts scores worse but meets the cap
+    wide = Price(decode_s=1.0, prefill_s=1, weight_bytes=1, kv_bytes_per_token=0, params=100, active_params=80)
+    narrow = wide.model_copy(update={"active_params": 20})
+    slots = [[Candidate(slot=0, label="top-8", score=0.0, price=wide),
+              Candidate(slot=0, label="top-2", score=0.5, price=narrow)]]
+    parent = Price.total([FIXED, wide])  # 180 active
+    assert solve(slots, FIXED, Target(gpu="cpu", params=1.0), limits_for(Target(gpu="cpu", params=1.0),
+                                                                          parent))[0].labels == ["top-8"]
+    capped = Target(gpu="cpu", active_params=0.75)  # 135 active: the fixed 100 plus at most 35
+    best = solve(slots, FIXED, capped, limits_for(capped, parent))[0]
+    assert best.labels == ["top-2"] and best.totals["active_params"] == 120
+    assert best.achieved["target.activeParams"].startswith("0.667 of the parent's active parameters")

@@ -1,0 +1,189 @@
+"""Benchmark the operator at fleet scale on a devcluster of its own: 300 simulated GPU nodes (kwok) and 200
+CompressedModels whose stage Jobs finish at once (kwok hands back canned results), all created together.
+
+    .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
+
+Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time,
+Kubernetes API requests the reconciler made per object (the operator's `tailor_api_requests_total`; kopf's own
+watch streams and finalizer patches are not in it), reconciliation passes per object, and the operator's peak
+resident memory (VmHWM). Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it
+starts its own in a temporary state folder on the same ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, watch
+
+from tailor.devcluster import cluster
+from tailor.operator import api as model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
+from cmodels import results
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "bench"
+METRICS_PORT = 18080
+
+
+def pools_file(folder: Path, nodes: int) -> Path:
+    """`nodes` GPU nodes: half H100, a third B200, the rest A100-40GB (8, 8 and 4 GPUs)."""
+    h100, b200 = nodes // 2, nodes // 3
+    pools = {"pools": [
+        {"name": "h100", "count": h100, "cpu": "192", "memory": "2Ti",
+         "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8, "memoryMiB": 81559, "family": "hopper"}},
+        {"name": "b200", "count": b200, "cpu": "224", "memory": "4Ti",
+         "gpu": {"product": "NVIDIA-B200", "count": 8, "memoryMiB": 183359, "family": "blackwell"}},
+        {"name": "a100", "count": nodes - h100 - b200, "cpu": "96", "memory": "1Ti",
+         "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 4, "memoryMiB": 40960, "family": "ampere"}}]}
+    path = folder / "pools.yaml"
+    path.write_text(yaml.safe_dump(pools))
+    return path
+
+
+def manifest(index: int) -> dict[str, Any]:
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    body["metadata"] = {"name": f"m{index:03d}", "namespace": NAMESPACE}
+    spec = body["spec"]
+    spec["jobs"] = {"podAnnotations": results()}
+    spec["deployment"]["pools"] = [
+        {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+         "concurrency": {"total": 8}},
+        {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}, "concurrency": {"total": 16}}]
+    spec["deployment"].update(minReplicas=1, maxReplicas=2)
+    return body
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def scrape(name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--models", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "operator.json")
+    args = parser.parse_args()
+    if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
+        print("a devcluster is running: stop it first (tailor devcluster down)", file=sys.stderr)
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
+        os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
+        layout = cluster.up(pools_file(Path(scratch), args.nodes))
+        operator: subprocess.Popen[bytes] | None = None
+        try:
+            kubectl = [str(Path(cluster.ensure_binaries()) / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
+            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml")],
+                           check=True, capture_output=True)
+            subprocess.run([*kubectl, "wait", "--for=condition=Established", f"crd/{model.PLURAL}.{model.GROUP}"],
+                           check=True, capture_output=True)
+            subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
+            env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
+            log = Path(scratch) / "operator.log"
+            with log.open("wb") as sink:
+                operator = subprocess.Popen(
+                    [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
+                     "--metrics-port", str(METRICS_PORT), "--liveness-port", "0", "--bind", "127.0.0.1"],
+                    env=env, stdout=sink, stderr=subprocess.STDOUT)
+            time.sleep(3)
+            report = run(layout, args, operator)
+        finally:
+            if operator is not None:
+                operator.terminate()
+                operator.wait(timeout=60)
+            cluster.down(purge=True)
+    report.update(nodes=args.nodes, models=args.models, cpus=os.cpu_count())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "secondsToReady"}, indent=2))
+    return 0
+
+
+def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes]) -> dict[str, Any]:
+    api = config.new_client_from_config(config_file=str(layout.kubeconfig))
+    objects = client.CustomObjectsApi(api)
+    ready: dict[str, float] = {}
+    created: dict[str, float] = {}
+    done = threading.Event()
+
+    def watch_ready() -> None:
+        stream = watch.Watch()
+        for event in stream.stream(objects.list_namespaced_custom_object, model.GROUP, model.VERSION, NAMESPACE,
+                                   model.PLURAL, timeout_seconds=int(args.timeout)):
+            item = event["object"]
+            name = item["metadata"]["name"]
+            if (item.get("status") or {}).get("phase") == "Ready" and name not in ready:
+                ready[name] = time.monotonic()
+                if len(ready) == args.models:
+                    stream.stop()
+        done.set()
+
+    watcher = threading.Thread(target=watch_ready, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    for index in range(args.models):
+        body = manifest(index)
+        created[body["metadata"]["name"]] = time.monotonic()
+        objects.create_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, body)
+    print(f"created {args.models} CompressedModels in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    last_report = time.monotonic()
+    while not done.wait(5):
+        if time.monotonic() - last_report > 30:
+            print(f"{len(ready)}/{args.models} Ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
+            last_report = time.monotonic()
+    seconds = [ready[name] - created[name] for name in ready]
+    peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{operator.pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM"))
+    requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
+    report: dict[str, Any] = {
+        "ready": len(ready), "wallSeconds": round(max(ready.values(), default=started) - started, 1),
+        "createToReadySeconds": {"p50": round(statistics.median(seconds), 2), "p90": round(percentile(seconds, 0.9), 2),
+                                 "p99": round(percentile(seconds, 0.99), 2), "max": round(max(seconds), 2)}
+        if seconds else None,
+        "apiRequestsPerModel": round(requests / args.models, 1), "reconcilesPerModel": round(passes / args.models, 1),
+        "operatorPeakRssMiB": round(peak_kib / 1024, 1), "secondsToReady": sorted(round(s, 2) for s in seconds)}
+    plot(seconds, args.out.with_suffix(".png"))
+    return report
+
+
+def plot(seconds: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.hist(seconds, bins=30)
+    axes.set_xlabel("seconds from create to Ready")
+    axes.set_ylabel("CompressedModels")
+    axes.set_title(f"{len(seconds)} CompressedModels, stage Jobs finished by kwok")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
