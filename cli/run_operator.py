@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ def _operator(args: argparse.Namespace) -> int:
     from tailor.operator.reconcile import OperatorSettings
 
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    if not args.verbose:  # kopf logs every event handler it runs; keep warnings and errors
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     handlers.configure(OperatorSettings(job_image=args.job_image, claim_size=args.claim_size,
                                         catalog=GpuCatalog.load(args.profiles)))
     if args.metrics_port:

@@ -26,7 +26,7 @@ def _package(args: argparse.Namespace) -> int:
     gpu = GpuCatalog.load(args.profiles).get(args.gpu)
     settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
                        max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
-                       threads=args.threads, dtype=args.dtype)
+                       threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
     print(settings.model_dump_json(indent=2))
     return 0
 
@@ -82,6 +82,7 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--context", type=int, default=2048, help="tokens per request the sizing reserves")
     pack.add_argument("--max-batch-size", type=int, help="default: what the sizing fits (at most 64)")
     pack.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
+    pack.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per replica the sizing assumes")
     pack.add_argument("--threads", type=int, default=2, help="torch threads per instance")
     pack.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                       help="compute dtype of the Python-backend model")

@@ -162,4 +162,5 @@ def package_args(spec: CompressedModelSpec, name: str, build: int, generation: i
     return ["package", "--model", checkpoint(spec, name, build, catalog), "--out",
             f"{ARTIFACTS}/{repository(name, generation, plan.name)}", "--name", name, "--gpu", plan.gpu_profile,
             "--context", str(spec.deployment.context_length),
-            "--max-batch-size", str(min(plan.concurrency_per_replica, 64))]
+            "--max-batch-size", str(min(plan.concurrency_per_replica, 64)),
+            "--tensor-parallel", str(plan.tensor_parallel)]

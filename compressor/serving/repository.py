@@ -97,16 +97,16 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, max_batch_size: int | None = None,
-            instances: int = 1, decoupled: bool = False, threads: int = 2,
-            max_queue_delay_us: int = 2000, mount: str = "/models", dtype: str = "bfloat16") -> PackageSettings:
-    """Write the repository; `max_batch_size` defaults to what one replica holds at `context` on `gpu`
-    (capped at 64)."""
+            instances: int = 1, decoupled: bool = False, threads: int = 2, max_queue_delay_us: int = 2000,
+            mount: str = "/models", dtype: str = "bfloat16", tensor_parallel: int = 1) -> PackageSettings:
+    """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
+    `context` on `gpu` (capped at 64)."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
-    sizing = size(arch, gpu, context, recipe, kv, gpus_per_node=1)
+    sizing = size(arch, gpu, context, recipe, kv, tp=tensor_parallel, gpus_per_node=tensor_parallel)
     if sizing.concurrency_per_replica < 1:
-        raise ValueError(f"{model} does not fit one {gpu.name} at a context of {context} tokens: "
+        raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")
     batch = max_batch_size or min(sizing.concurrency_per_replica, MAX_BATCH_CAP)
     if batch > sizing.concurrency_per_replica:

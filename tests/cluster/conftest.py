@@ -101,8 +101,16 @@ class OperatorProcess:
     """`tailor operator` as a subprocess watching one namespace, as it runs in a cluster; killable."""
 
     def __init__(self, layout: cluster.Layout, namespace: str, log: Path) -> None:
+        import socket
+
         self.layout, self.namespace, self.log = layout, namespace, log
         self.process: subprocess.Popen[bytes] | None = None
+        sockets = [socket.socket() for _ in range(2)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        self.metrics_port, self.liveness_port = (s.getsockname()[1] for s in sockets)
+        for s in sockets:
+            s.close()
 
     def start(self) -> OperatorProcess:
         import os
@@ -112,7 +120,8 @@ class OperatorProcess:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", self.namespace,
-                 "--metrics-port", "0", "--liveness-port", "0"], env=env, stdout=out, stderr=subprocess.STDOUT)
+                 "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
+                 "--bind", "127.0.0.1"], env=env, stdout=out, stderr=subprocess.STDOUT)
         return self
 
     def kill(self) -> None:
@@ -129,6 +138,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def get(self, port: int, path: str) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return str(reply.read().decode())
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

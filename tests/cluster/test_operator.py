@@ -65,6 +65,10 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     assert compress.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert compress.containers[0].command[:3] == ["tailor", "compress", "--config"]
     assert {"JobCreated", "QualityGatePassed", "Ready"} <= set(events(api, namespace, "super"))
+    metrics = operator.get(operator.metrics_port, "/metrics")
+    assert 'tailor_compressedmodels{phase="Ready"} 1.0' in metrics and "tailor_reconciles_total" in metrics
+    assert "tailor_api_requests_total" in metrics
+    assert operator.get(operator.liveness_port, "/healthz")  # kopf's liveness probe answers
 
 
 def test_failing_job_is_retried_then_fails(api: client.ApiClient, namespace: str, operator: Any) -> None:
