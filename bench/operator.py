@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def main() -> int:
     if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
         print("a devcluster is running: stop it first (tailor devcluster down)", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the benchmark's devcluster
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
         os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"

@@ -122,10 +122,14 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
                 f"--root-ca-file={pki.ca_cert}",
                 f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
                 f"--cluster-cidr={POD_CIDR}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--cluster-name=tailor-devcluster", "--profiling=false"]
+                "--cluster-name=tailor-devcluster", "--profiling=false",
+                # the client rate limits of a large cluster, not the defaults (20/s, burst 30): hundreds of
+                # simulated nodes and Jobs would otherwise queue behind the Job controller's own throttle
+                "--kube-api-qps=200", "--kube-api-burst=400"]
     if name == "kube-scheduler":
         return [binary, f"--kubeconfig={layout.component_kubeconfig('scheduler')}",
-                "--leader-elect=false", "--secure-port=0", "--profiling=false"]
+                "--leader-elect=false", "--secure-port=0", "--profiling=false",
+                "--kube-api-qps=200", "--kube-api-burst=400"]
     if name == "kwok":
         return [binary, f"--kubeconfig={layout.component_kubeconfig('kwok')}", f"--config={KWOK_STAGES_FILE}",
                 "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",

@@ -24,6 +24,7 @@ from tailor.operator.reconcile import OperatorSettings, reconcile
 
 MANAGED = {"app.kubernetes.io/managed-by": "tailor"}
 MAX_BACKOFF_S = 60.0
+DEBOUNCE_S = 0.2
 
 
 class Runtime:
@@ -75,13 +76,22 @@ def on_model_event(uid: str, **_: Any) -> None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-def on_job_event(body: kopf.Body, **_: Any) -> None:
-    RUNTIME.wake(_owner_uid(body))
+def on_job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    """A Job that finished or went away moves its owner on; its other updates (pods starting) do not."""
+    finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                   for c in (body.get("status") or {}).get("conditions") or [])
+    if finished or event["type"] == "DELETED":
+        RUNTIME.wake(_owner_uid(body))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-def on_deployment_event(body: kopf.Body, **_: Any) -> None:
-    RUNTIME.wake(_owner_uid(body))
+def on_deployment_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    """A revision that became available (or went away) moves its owner on."""
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    available = (status.get("observedGeneration", 0) >= body.get("metadata", {}).get("generation", 1)
+                 and status.get("availableReplicas", 0) >= spec.get("replicas", 1))
+    if available or event["type"] == "DELETED":
+        RUNTIME.wake(_owner_uid(body))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
@@ -110,6 +120,7 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
                 delay, backoff = outcome.requeue_s, 1.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), timeout=delay)
+                await asyncio.sleep(DEBOUNCE_S)  # let a burst of events (a Job and its pods) settle into one pass
     finally:
         RUNTIME.wakeups.pop(uid, None)
         metrics.forget(uid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -20,6 +21,7 @@ from tailor.operator.api import GROUP, PLURAL, VERSION
 
 RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
 ATTEMPTS = 5
+NODES_TTL_S = 10.0
 
 # Kind -> (api group/version, plural) for the objects the operator owns.
 KINDS = {
@@ -37,6 +39,9 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.requests: Counter[str] = Counter()  # by "namespace/name" of the CompressedModel it served
+        self._nodes: list[dict[str, Any]] = []
+        self._nodes_at = -NODES_TTL_S
+        self._nodes_lock = threading.Lock()
 
     def _call(self, owner: str, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
               content_type: str = "application/json") -> Any:
@@ -123,8 +128,13 @@ class Kube:
                    {"status": status}, content_type="application/merge-patch+json")
 
     def nodes(self, owner: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._call(owner, "GET", "/api/v1/nodes").get("items", [])
-        return items
+        """The cluster's Nodes, listed at most once per NODES_TTL_S for all objects (300 nodes are a large
+        response; pools change on the scale of minutes)."""
+        with self._nodes_lock:
+            if time.monotonic() - self._nodes_at > NODES_TTL_S:
+                self._nodes = self._call(owner, "GET", "/api/v1/nodes").get("items", [])
+                self._nodes_at = time.monotonic()
+            return self._nodes
 
     def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the CompressedModel (kubectl describe shows it)."""

@@ -136,7 +136,7 @@ class Pass:
             return self.fail("InvalidSpec", f"the spec does not validate: {error}")
         try:
             self.start_build(spec)
-            claim = self.ensure_claim(spec)
+            claim = spec.storage.existing_claim or f"{self.name}-artifacts"
             for stage in self.build_stages(spec, self.settings.catalog):
                 if not self.run_stage(spec, stage, claim):
                     return self.outcome(STAGE_PHASES[stage])
@@ -189,9 +189,10 @@ class Pass:
         assert self.status.build is not None
         return self.status.build.generation
 
-    def ensure_claim(self, spec: CompressedModelSpec) -> str:
+    def ensure_claim(self, spec: CompressedModelSpec) -> None:
+        """The artifacts claim, created before the first Job that needs it (unless it is an existingClaim)."""
         if spec.storage.existing_claim is not None:
-            return spec.storage.existing_claim
+            return
         name = f"{self.name}-artifacts"
         claim: dict[str, Any] = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -204,7 +205,6 @@ class Pass:
         _, created = self.kube.ensure(self.owner, claim)
         if created:
             self.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
-        return name
 
     def job_settings(self, spec: CompressedModelSpec, stage: Stage) -> JobSettings:
         jobs = spec.jobs
@@ -238,8 +238,7 @@ class Pass:
         args = {"compress": lambda: compress_args(self.name, self.build),
                 "quantize": lambda: quantize_args(spec, self.name, self.build, self.settings.catalog),
                 "evaluate": lambda: evaluate_args(spec, self.name, self.build, self.settings.catalog)}[command]()
-        plan_map = self.plan_config_map(spec)
-        message = self.job(spec, command, self.build, args, claim, plan_map, progress)
+        message = self.job(spec, command, self.build, args, claim, progress)
         if message is None:
             return False
         self.record(spec, name, message)
@@ -247,11 +246,13 @@ class Pass:
         return True
 
     def job(self, spec: CompressedModelSpec, stage: Stage, generation: int, args: list[str], claim: str,
-            plan_map: str, progress: StageProgress, suffix: str = "") -> str | None:
+            progress: StageProgress, suffix: str = "") -> str | None:
         """Create or adopt the stage's Job; its result message once it succeeded, None while it runs."""
         name = job_name(self.body, generation, stage, suffix)
         job = self.kube.get(self.owner, "Job", self.namespace, name)
         if job is None:
+            self.ensure_claim(spec)
+            plan_map = self.plan_config_map(spec)
             _, source_claim = parent_location(spec)
             for manifest in stage_job(self.body, stage, generation, args, self.job_settings(spec, stage),
                                       self.target_product(spec), claim, plan_map, spec.jobs.pod_annotations,
@@ -415,18 +416,20 @@ class Pass:
             return status, ready
         package = self.job(spec, "package", self.generation,
                            package_args(spec, self.name, self.build, self.generation, plan, self.settings.catalog),
-                           claim,
-                           self.plan_config_map(spec), self.stage("Deploy"), suffix=plan.name)
+                           claim, self.stage("Deploy"), suffix=plan.name)
         if package is None:
             return status, False
-        for manifest in manifests(self.body, plan, spec.deployment, claim,
-                                  f"{repository(self.name, self.generation, plan.name)}/repository", self.generation):
-            _, created = self.kube.ensure(self.owner, manifest)
-            if created and manifest["kind"] == "Deployment":
-                self.event("RevisionCreated", f"created Deployment {manifest['metadata']['name']}: "
-                           f"{plan.replicas} replica(s) x {plan.tensor_parallel} GPU(s), "
-                           f"{plan.concurrency_per_replica} concurrent requests each")
         ready, replicas = self.revision_ready(plan.name)
+        if replicas is None:  # no Deployment yet: create the revision
+            for manifest in manifests(self.body, plan, spec.deployment, claim,
+                                      f"{repository(self.name, self.generation, plan.name)}/repository",
+                                      self.generation):
+                _, created = self.kube.ensure(self.owner, manifest)
+                if created and manifest["kind"] == "Deployment":
+                    self.event("RevisionCreated", f"created Deployment {manifest['metadata']['name']}: "
+                               f"{plan.replicas} replica(s) x {plan.tensor_parallel} GPU(s), "
+                               f"{plan.concurrency_per_replica} concurrent requests each")
+            replicas = 0
         if current is None:  # the first revision: the Service can point at it from the start
             self.kube.ensure(self.owner, service(self.body, plan.name, self.generation))
             status.revision = revision
@@ -443,12 +446,14 @@ class Pass:
             status.ready_replicas = self.revision_ready(plan.name, serving)[1] if serving else replicas
         return status, ready and status.revision == revision
 
-    def revision_ready(self, pool: str, revision: str | None = None) -> tuple[bool, int]:
+    def revision_ready(self, pool: str, revision: str | None = None) -> tuple[bool, int | None]:
+        """Whether the revision (this generation's by default) is available; its available replicas, None when
+        it has no Deployment."""
         name = revision_name(self.body, pool, self.generation) if revision is None else \
             f"{service_name(self.body, pool)}-{revision}"
         deployment = self.kube.get(self.owner, "Deployment", self.namespace, name)
         if deployment is None:
-            return False, 0
+            return False, None
         status, wanted = deployment.get("status") or {}, deployment["spec"].get("replicas", 1)
         available = status.get("availableReplicas", 0)
         current = status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]

@@ -64,3 +64,16 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, oper
     ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
     answer = infer(f"127.0.0.1:{ports['http']}", "toy", "http", "ROMEO:", max_tokens=8)
     assert len(answer.ids) == 8 and answer.text
+
+    OBJECTS.delete(objects, namespace, "toy")  # deletionPolicy Delete: the artifacts claim goes with it
+    wait_for("the pods to stop", lambda: not core.list_namespaced_pod(namespace).items, timeout_s=90)
+
+    def claim_deleted() -> bool:
+        try:
+            claim = core.read_namespaced_persistent_volume_claim("toy-artifacts", namespace)
+        except client.ApiException as error:
+            return error.status == 404
+        return claim.metadata.deletion_timestamp is not None
+
+    wait_for("the artifacts claim to be deleted", claim_deleted, timeout_s=30)
+    assert core.read_namespaced_persistent_volume_claim("models", namespace)  # not Tailor's: kept
