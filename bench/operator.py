@@ -3,11 +3,11 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
 
     .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
 
-Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time,
-Kubernetes API requests the reconciler made per object (the operator's `tailor_api_requests_total`; kopf's own
-watch streams and finalizer patches are not in it), reconciliation passes per object, and the operator's peak
-resident memory (VmHWM). Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it
-starts its own in a temporary state folder on the same ports.
+Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
+time in each stage, Kubernetes API requests the reconciler made per object (the operator's
+`tailor_api_requests_total`; kopf's own watch streams and finalizer patches are not in it), reconciliation passes
+per object, and the operator's peak resident memory (VmHWM). Plots the create-to-Ready distribution. Refuses to
+run while a devcluster is up: it starts its own in a temporary state folder on the same ports.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
             print(f"{len(ready)}/{args.models} Ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
             last_report = time.monotonic()
     seconds = [ready[name] - created[name] for name in ready]
+    stages = stage_seconds(objects)
     peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{operator.pid}/status").read_text().splitlines()
                     if line.startswith("VmHWM"))
     requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
@@ -166,9 +167,30 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
                                  "p99": round(percentile(seconds, 0.99), 2), "max": round(max(seconds), 2)}
         if seconds else None,
         "apiRequestsPerModel": round(requests / args.models, 1), "reconcilesPerModel": round(passes / args.models, 1),
-        "operatorPeakRssMiB": round(peak_kib / 1024, 1), "secondsToReady": sorted(round(s, 2) for s in seconds)}
+        "operatorPeakRssMiB": round(peak_kib / 1024, 1), "stageSecondsMedian": stages,
+        "secondsToReady": sorted(round(s, 2) for s in seconds)}
     plot(seconds, args.out.with_suffix(".png"))
     return report
+
+
+def stage_seconds(objects: client.CustomObjectsApi) -> dict[str, float]:
+    """Median seconds per stage (status.stages startedAt to completedAt; the API keeps whole seconds), and from
+    creation to the first stage's start."""
+    import datetime
+
+    def at(text: str) -> float:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    spans: dict[str, list[float]] = {}
+    for item in objects.list_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL)["items"]:
+        stages = (item.get("status") or {}).get("stages", [])
+        if stages and stages[0].get("startedAt"):
+            spans.setdefault("createToFirstStage", []).append(at(stages[0]["startedAt"]) -
+                                                               at(item["metadata"]["creationTimestamp"]))
+        for stage in stages:
+            if stage.get("startedAt") and stage.get("completedAt"):
+                spans.setdefault(stage["name"], []).append(at(stage["completedAt"]) - at(stage["startedAt"]))
+    return {name: round(statistics.median(values), 1) for name, values in spans.items()}
 
 
 def plot(seconds: list[float], path: Path) -> None:
