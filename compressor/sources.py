@@ -97,5 +97,23 @@ def fetch_parent() -> Path:
     return final
 
 
+HUB_PREFIX = "hf://"
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"]  # weights, configs, tokenizer
+
+
+def fetch_hub(uri: str) -> Path:
+    """An `hf://<org>/<name>[@<revision>]` parent from the Hugging Face Hub (HF_TOKEN from the environment for
+    gated models) into $TAILOR_CACHE_DIR/hub; only weights, configs and tokenizer files. Run again, it resumes
+    what an interrupted download left."""
+    from huggingface_hub import snapshot_download
+
+    repo, _, revision = uri.removeprefix(HUB_PREFIX).partition("@")
+    try:
+        return Path(snapshot_download(repo, revision=revision or "main", cache_dir=cache_dir() / "hub",
+                                      allow_patterns=HUB_FILES))
+    except OSError as error:  # huggingface_hub's not-found, network and auth errors all derive from it
+        raise ValueError(f"{uri}: cannot download the parent from the Hugging Face Hub: {error}") from error
+
+
 def fetch_all() -> dict[str, Path]:
     return {"parent": fetch_parent(), "text": fetch_text()}

@@ -51,7 +51,8 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, args: list[str], settings: JobSettings,
               gpu_product: str, claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
-              source_claim: str | None = None, suffix: str = "") -> list[dict[str, Any]]:
+              source_claim: str | None = None, suffix: str = "", env: list[dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <args>` for a stage of the
     generation `generation`; a pvc:// source's claim is mounted read-only at /source."""
     name = job_name(model, generation, stage, suffix)
@@ -75,6 +76,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, args: list[s
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
             "containers": [{
                 "name": stage, "image": settings.image, "command": launcher(name, settings, args),
+                "env": list(env or []),
                 "resources": {"limits": gpus, "requests": gpus},
                 "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -58,6 +58,7 @@ from tailor.operator.stages import (
     compression_plan,
     evaluate_args,
     fingerprint,
+    job_env,
     package_args,
     parent_location,
     quantize_args,
@@ -256,7 +257,7 @@ class Pass:
             _, source_claim = parent_location(spec)
             for manifest in stage_job(self.body, stage, generation, args, self.job_settings(spec, stage),
                                       self.target_product(spec), claim, plan_map, spec.jobs.pod_annotations,
-                                      source_claim, suffix):
+                                      source_claim, suffix, job_env(spec)):
                 job, created = self.kube.ensure(self.owner, manifest)
                 if created and manifest["kind"] == "Job":
                     self.event("JobCreated", f"created Job {name}: tailor {' '.join(args)}")

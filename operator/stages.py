@@ -77,6 +77,17 @@ def parent_location(spec: CompressedModelSpec) -> tuple[str, str | None]:
     return uri if spec.source.revision == "main" else f"{uri}@{spec.source.revision}", None
 
 
+def job_env(spec: CompressedModelSpec) -> list[dict[str, Any]]:
+    """The stage containers' environment: downloads cached on the artifacts claim (a retried or later stage
+    reuses them), and the source's credentials from its Secret."""
+    env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": f"{ARTIFACTS}/.cache"}]
+    secret = spec.source.credentials_secret
+    if secret is not None:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key, "optional": True}}}
+                for key in ("HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    return env
+
+
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in overrides.items():

@@ -68,11 +68,15 @@ class Log:
 
 
 def resolve_parent(name: str) -> Path:
-    """A model folder, or a built-in parent fetched (or trained) on first use."""
+    """A model folder, an hf:// model (downloaded once), or a built-in parent fetched (or trained) on first use."""
     if name == sources.PARENT_NAME:
         return sources.fetch_parent()
     if name == tiny_hybrid.NAME:
         return tiny_hybrid.fetch_tiny_hybrid()
+    if name.startswith(sources.HUB_PREFIX):
+        return sources.fetch_hub(name)
+    if name.startswith("s3://"):
+        raise ValueError(f"{name}: s3:// parents are not supported yet; stage the model on a claim (pvc://)")
     return Path(name)
 
 
