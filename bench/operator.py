@@ -5,9 +5,10 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
 
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
-`tailor_api_requests_total`; kopf's own watch streams and finalizer patches are not in it), reconciliation passes
-per object, and the operator's peak resident memory (VmHWM). Plots the create-to-Ready distribution. Refuses to
-run while a devcluster is up: it starts its own in a temporary state folder on the same ports.
+`tailor_api_requests_total`) and, from the API server's audit log, everything the operator process sent (its
+reconciler and kopf, by verb), reconciliation passes per object, and the operator's peak resident memory (VmHWM).
+Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it starts its own in a temporary
+state folder on the same ports.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
         os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
-        layout = cluster.up(pools_file(Path(scratch), args.nodes))
+        layout = cluster.up(pools_file(Path(scratch), args.nodes), audit=True)
         operator: subprocess.Popen[bytes] | None = None
         try:
             kubectl = [str(Path(cluster.ensure_binaries()) / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
@@ -112,6 +113,7 @@ def main() -> int:
                     env=env, stdout=sink, stderr=subprocess.STDOUT)
             time.sleep(3)
             report = run(layout, args, operator)
+            report["auditedRequestsPerModel"] = audited(layout.audit_log, args.models)
         finally:
             if operator is not None:
                 operator.terminate()
@@ -171,6 +173,23 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
         "secondsToReady": sorted(round(s, 2) for s in seconds)}
     plot(seconds, args.out.with_suffix(".png"))
     return report
+
+
+def audited(log: Path, models: int) -> dict[str, Any]:
+    """Requests the API server logged from the operator, per model: its reconciler (user agent
+    tailor-operator/...) and kopf (kopf/...: watches, finalizers, its annotations), by verb."""
+    counts: dict[str, dict[str, int]] = {"reconciler": {}, "kopf": {}}
+    with log.open() as lines:
+        for line in lines:
+            entry = json.loads(line)
+            agent = entry.get("userAgent", "")
+            who = ("reconciler" if agent.startswith("tailor-operator/") else
+                   "kopf" if agent.startswith("kopf/") else None)
+            if who is not None:
+                counts[who][entry["verb"]] = counts[who].get(entry["verb"], 0) + 1
+    return {who: {"total": round(sum(verbs.values()) / models, 1),
+                  **{verb: round(n / models, 1) for verb, n in sorted(verbs.items())}}
+            for who, verbs in counts.items()}
 
 
 def stage_seconds(objects: client.CustomObjectsApi) -> dict[str, float]:

@@ -86,12 +86,23 @@ class Layout:
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
 
+    @property
+    def audit_log(self) -> Path:
+        """Every API request, one JSON line each, when `up(audit=True)` started the API server."""
+        return self.logs / "audit.log"
+
 
 # Start order; `down` stops in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "executor")
 
 
-def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: Ports) -> list[str]:
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                "omitStages": ["RequestReceived", "ResponseStarted"],  # one entry per request
+                "rules": [{"level": "Metadata"}]}
+
+
+def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: Ports,
+                    audit: bool = False) -> list[str]:
     binary = str(bin_dir / name)
     if name == "etcd":
         return [binary, f"--data-dir={layout.etcd_data}",
@@ -113,7 +124,9 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # The only address is loopback, which may not back the `kubernetes` Service's endpoints.
                 "--endpoint-reconciler-type=none",
-                "--allow-privileged=true", "--profiling=false"]
+                "--allow-privileged=true", "--profiling=false",
+                *([f"--audit-policy-file={layout.root / 'audit-policy.yaml'}", f"--audit-log-path={layout.audit_log}",
+                   "--audit-log-format=json", "--audit-log-maxsize=0"] if audit else [])]
     if name == "kube-controller-manager":
         return [binary, f"--kubeconfig={layout.component_kubeconfig('controller-manager')}",
                 "--leader-elect=false", "--secure-port=0", "--controllers=*",
@@ -232,8 +245,9 @@ def _kubectl(bin_dir: Path, layout: Layout, *args: str, stdin: str | None = None
     return result.stdout
 
 
-def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports()) -> Layout:
-    """Bring the devcluster up (idempotent: components already running are kept)."""
+def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: bool = False) -> Layout:
+    """Bring the devcluster up (idempotent: components already running are kept); `audit` makes a newly
+    started API server log every request (`Layout.audit_log`), which benchmarks count by user agent."""
     layout = Layout(state_dir())
     pools = load_pools(pools_file)
     bin_dir = ensure_binaries()
@@ -260,7 +274,9 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports()) -> Layout:
             if running_pid(layout, component) is not None:
                 log(f"{component} already running")
                 continue
-            process = _start(component, _component_argv(component, bin_dir, layout, pki, ports), layout)
+            if audit:
+                (layout.root / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+            process = _start(component, _component_argv(component, bin_dir, layout, pki, ports, audit), layout)
             started.append(component)
             log(f"started {component} (pid {process.pid}, log {layout.log_file(component)})")
             if component in readiness:
