@@ -95,14 +95,24 @@ class Kube:
         items: list[dict[str, Any]] = found.get("items", [])
         return items
 
-    def ensure(self, owner: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Create `manifest`, or adopt the object already there by that name; (object, created)."""
+    def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create `manifest`; None when an object of that name already exists."""
         meta = manifest["metadata"]
         try:
-            return self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]), manifest), True
+            created: dict[str, Any] = self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]),
+                                                 manifest)
+            return created
         except ApiException as error:
             if error.status != 409:
                 raise
+        return None
+
+    def ensure(self, owner: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create `manifest`, or adopt the object already there by that name; (object, created)."""
+        created = self.create(owner, manifest)
+        if created is not None:
+            return created, True
+        meta = manifest["metadata"]
         existing = self.get(owner, manifest["kind"], meta["namespace"], meta["name"])
         if existing is None:  # deleted in between: the next pass creates it
             raise RuntimeError(f"{manifest['kind']} {meta['name']} vanished while being adopted")

@@ -203,8 +203,7 @@ class Pass:
                      "resources": {"requests": {"storage": spec.storage.size or self.settings.claim_size}}}}
         if spec.storage.storage_class_name is not None:
             claim["spec"]["storageClassName"] = spec.storage.storage_class_name
-        _, created = self.kube.ensure(self.owner, claim)
-        if created:
+        if self.kube.create(self.owner, claim) is not None:
             self.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
 
     def job_settings(self, spec: CompressedModelSpec, stage: Stage) -> JobSettings:
@@ -218,7 +217,7 @@ class Pass:
         name = f"{self.name}-g{self.build}-plan"
 
         plan = compression_plan(spec, self.settings.catalog)
-        self.kube.ensure(self.owner, {
+        self.kube.create(self.owner, {  # one plan per build: an existing one is this one
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": self.namespace, "ownerReferences": [owner_reference(self.body)],
                          "labels": {"app.kubernetes.io/managed-by": "tailor", "tailor.dev/model": self.name}},
