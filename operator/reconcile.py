@@ -167,18 +167,22 @@ class Pass:
         return self.outcome("Failed")
 
     def start_build(self, spec: CompressedModelSpec) -> None:
-        """A new build when the artifacts' inputs changed; otherwise this generation reuses the last one."""
-        print_ = fingerprint(spec)
-        build = self.status.build
-        if build is not None and build.fingerprint == print_:
-            if self.status.observed_generation != self.generation:
+        """A new build when the artifacts' inputs changed, or when a new generation follows a build whose Job
+        failed (a retry); otherwise this generation reuses the last build. A failed quality gate is not retried:
+        the same inputs give the same child."""
+        digest = fingerprint(spec)
+        build, new_generation = self.status.build, self.status.observed_generation != self.generation
+        job_failed = any(s.state == "Failed" and s.name != "Deploy" and not (s.message or "").startswith(
+            "QualityGateFailed") for s in self.status.stages)
+        if build is not None and build.fingerprint == digest and not (job_failed and new_generation):
+            if new_generation:
                 self.status.conditions = [c for c in self.status.conditions if c.type != "Failed"]
                 self.status.stages = [s for s in self.status.stages if s.name != "Deploy"]
             return
-        self.status.build = BuildStatus(generation=self.generation, fingerprint=print_)
+        self.status.build = BuildStatus(generation=self.generation, fingerprint=digest)
         self.status.stages, self.status.architecture, self.status.quality = [], None, None
         self.status.conditions = [c for c in self.status.conditions if c.type in ("Ready",)]
-        self.event("BuildStarted", f"generation {self.generation} builds new artifacts (fingerprint {print_})")
+        self.event("BuildStarted", f"generation {self.generation} builds new artifacts (fingerprint {digest})")
 
     @staticmethod
     def build_stages(spec: CompressedModelSpec, catalog: GpuCatalog) -> list[StageName]:

@@ -81,6 +81,11 @@ def test_failing_job_is_retried_then_fails(api: client.ApiClient, namespace: str
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items
     assert len(pods) == 2  # the first try and backoffLimit 1 retry
     assert jobs(api, namespace) == ["broken-g1-compress"]  # nothing after the failed stage
+    # fixing what failed is a new generation with the same build inputs: the build is retried
+    fixed = {"devcluster.tailor.dev/fail": None, **results()}  # a merge patch: null removes the failing one
+    OBJECTS.patch(objects, namespace, "broken", {"spec": {"jobs": {"podAnnotations": fixed}}})
+    ready = wait_phase(objects, namespace, "broken", "Ready", operator, generation=2)
+    assert ready["status"]["build"]["generation"] == 2 and "broken-g2-compress" in jobs(api, namespace)
 
 
 def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operator: Any) -> None:
