@@ -19,8 +19,8 @@ DEVCLUSTER_EXAMPLES = """examples:
 """
 
 CRD_EXAMPLES = """examples:
-  tailor crd generate            # rewrite crds/compressedmodel.yaml from the pydantic models
-  tailor crd generate --check    # exit 1 if the file is out of date
+  tailor crd generate            # rewrite the CRD (crds/ and the chart's crds/) and docs/reference.md
+  tailor crd generate --check    # exit 1 if any of them is out of date
   tailor crd generate --stdout | kubectl apply -f -
 """
 
@@ -61,12 +61,11 @@ def _crd(args: argparse.Namespace) -> int:
         sys.stdout.write(crd.render_crd())
         return 0
     if args.check:
-        if not crd.CRD_FILE.exists() or crd.CRD_FILE.read_text() != crd.render_crd():
-            print(f"{crd.CRD_FILE} is out of date: run `tailor crd generate`", file=sys.stderr)
-            return 1
-        return 0
-    crd.write_crd()
-    print(f"wrote {crd.CRD_FILE}", file=sys.stderr)
+        for path in crd.stale():
+            print(f"{path} is out of date: run `tailor crd generate`", file=sys.stderr)
+        return 1 if crd.stale() else 0
+    for path in crd.write_generated():
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -92,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     crd = nouns.add_parser("crd", help="the CompressedModel CustomResourceDefinition", epilog=CRD_EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     crd_verbs = crd.add_subparsers(dest="verb", required=True)
-    generate = crd_verbs.add_parser("generate", help="write crds/compressedmodel.yaml from the pydantic models")
+    generate = crd_verbs.add_parser("generate", help="write the CRD (crds/, charts/tailor/crds/) and docs/reference.md from the pydantic models")
     mode = generate.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from the models")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a generated file differs from the models")
     mode.add_argument("--stdout", action="store_true", help="print instead of writing")
     crd.set_defaults(run=_crd)
 

@@ -27,7 +27,10 @@ def _operator(args: argparse.Namespace) -> int:
     if not args.verbose:  # kopf logs every event handler it runs; keep warnings and errors
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     handlers.configure(OperatorSettings(job_image=args.job_image, claim_size=args.claim_size,
-                                        catalog=GpuCatalog.load(args.profiles)))
+                                        catalog=GpuCatalog.load(args.profiles),
+                                        job_service_account=args.job_service_account,
+                                        serving_service_account=args.serving_service_account,
+                                        image_pull_secrets=tuple(args.image_pull_secret or ())))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     asyncio.run(kopf.operator(
@@ -49,6 +52,12 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--claim-size", default=OperatorSettings.claim_size,
                         help="size of the artifacts claim when spec.storage.size is not set")
     parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
+    parser.add_argument("--job-service-account", default=OperatorSettings.job_service_account,
+                        help="ServiceAccount of the stage Jobs' pods (created per namespace, no API token)")
+    parser.add_argument("--serving-service-account", default=OperatorSettings.serving_service_account,
+                        help="ServiceAccount of the Triton pods (created per namespace, no API token)")
+    parser.add_argument("--image-pull-secret", action="append",
+                        help="Secret those ServiceAccounts pull images with (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")
     parser.add_argument("--verbose", action="store_true", help="debug logging (kopf's too)")

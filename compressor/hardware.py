@@ -51,6 +51,13 @@ class GpuProfile(BaseModel):
     def runs_natively(self, precision: Precision) -> bool:
         return precision in self.tflops
 
+    @property
+    def serves_quantized(self) -> bool:
+        """Whether FP8 and NVFP4 checkpoints can be served here: a GPU with FP8 math (NVFP4 weight-only on
+        Hopper and Ada), or the `cpu` development profile, where the project's Python backend dequantizes
+        them (their real bytes and quality, emulated speed). Not Ampere."""
+        return self.runs_natively(Precision.FP8) or self.family == "cpu"
+
     def compute_tflops(self, precision: Precision) -> float:
         """Peak for a precision; one the GPU lacks runs at the widest precision it has (weights upcast)."""
         if precision in self.tflops:

@@ -14,6 +14,12 @@ and its Triton pods run the real tritonserver on this machine.
   readiness, restarts and exit codes go back through the pod's status.
 - **Volumes**: a claim that is Pending with no volume gets a hostPath PersistentVolume under the state folder,
   pre-bound to it, so the PV controller binds them. kwok's pods need bound claims to be scheduled too.
+- **API access**: the projected volume the ServiceAccount admission plugin adds (or one in the manifest) is
+  written out as a kubelet would: a token from the TokenRequest API for the pod's ServiceAccount, bound to
+  the pod and renewed at 80% of its lifetime, `ca.crt` from the `kube-root-ca.crt` ConfigMap and the
+  namespace from the downward API. The process gets `KUBERNETES_SERVICE_HOST`/`PORT` (this API server) and,
+  since nothing can be mounted at the standard path, `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so
+  the operator's own pod runs with exactly its ServiceAccount's permissions.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
   probes, multi-node torchrun (an Indexed Job's ranks would all run here).
 """
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +51,8 @@ from tailor.devcluster.nodes import EXECUTOR_LABEL
 
 PORTS_ANNOTATION = "devcluster.tailor.dev/ports"
 TERMINATION_LOG = "/dev/termination-log"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_RENEW_SHARE = 0.8  # a kubelet renews a projected token at 80% of its lifetime
 MESSAGE_BYTES = 4096
 HEARTBEAT_S = 10.0
 POLL_S = 1.0
@@ -82,6 +91,17 @@ class Container:
 
 
 @dataclass
+class Token:
+    """A projected ServiceAccount token file and when to renew it."""
+
+    file: Path
+    service_account: str
+    audience: str | None
+    expiration_s: int
+    renew_at: float = 0.0
+
+
+@dataclass
 class LocalPod:
     uid: str
     namespace: str
@@ -91,12 +111,16 @@ class LocalPod:
     containers: list[Container] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)  # port name (or number) -> local port
     paths: dict[str, str] = field(default_factory=dict)  # mountPath -> local folder
+    tokens: list[Token] = field(default_factory=list)
     reported: str = ""  # the last status sent, to skip identical writes
 
 
 class Executor:
     def __init__(self, api: client.ApiClient, state: Path) -> None:
         self.core = client.CoreV1Api(api)
+        server = urllib.parse.urlsplit(api.configuration.host)
+        self.api_env = {"KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
+                        "KUBERNETES_SERVICE_PORT": str(server.port or 443)}
         self.state = state
         self.pods: dict[str, LocalPod] = {}
         self.last_heartbeat = 0.0
@@ -202,14 +226,12 @@ class Executor:
         folder = self.state / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
         folder.mkdir(parents=True, exist_ok=True)
         local = LocalPod(meta.uid, meta.namespace, meta.name, folder, pod.spec.restart_policy or "Always")
-        volumes = {v.name: self._volume(v, meta.namespace, folder) for v in pod.spec.volumes or []}
+        volumes = {v.name: self._volume(v, pod, local) for v in pod.spec.volumes or []}
         for spec in pod.spec.containers:
             container = Container(spec=client.ApiClient().sanitize_for_serialization(spec),  # type: ignore[no-untyped-call]
                                   folder=folder / spec.name)
             container.folder.mkdir(exist_ok=True)
             for mount in spec.volume_mounts or []:
-                if mount.mount_path.startswith("/var/run/secrets/"):
-                    continue  # service-account tokens: the processes use no API credentials
                 local_path = Path(volumes[mount.name]) / (mount.sub_path or "")
                 local.paths[mount.mount_path] = str(local_path)
             for port in spec.ports or []:
@@ -230,7 +252,8 @@ class Executor:
         log(f"{meta.namespace}/{meta.name}: started {len(local.containers)} container(s) in {folder}")
         return local
 
-    def _volume(self, volume: Any, namespace: str, folder: Path) -> str:
+    def _volume(self, volume: Any, pod: Any, local: LocalPod) -> str:
+        namespace = pod.metadata.namespace
         if volume.persistent_volume_claim is not None:
             claim: Any = self.core.read_namespaced_persistent_volume_claim(volume.persistent_volume_claim.claim_name,
                                                                       namespace)
@@ -240,16 +263,46 @@ class Executor:
             if pv.spec.host_path is None:
                 raise ValueError(f"volume {pv.metadata.name} is not a hostPath volume")
             return str(pv.spec.host_path.path)
-        target = folder / "volumes" / volume.name
+        target = local.folder / "volumes" / volume.name
         target.mkdir(parents=True, exist_ok=True)
         if volume.config_map is not None:
-            data = self.core.read_namespaced_config_map(volume.config_map.name, namespace).data or {}
-            for key, text in data.items():
-                (target / key).write_text(text)
+            self._config_map(volume.config_map, namespace, target)
             return str(target)
-        if volume.empty_dir is not None or volume.projected is not None:
+        if volume.projected is not None:
+            for source in volume.projected.sources or []:
+                if source.service_account_token is not None:
+                    token = source.service_account_token
+                    local.tokens.append(Token(target / token.path, pod.spec.service_account_name or "default",
+                                              token.audience, token.expiration_seconds or 3607))
+                    self._renew(local, local.tokens[-1])
+                elif source.config_map is not None:
+                    self._config_map(source.config_map, namespace, target)
+                elif source.downward_api is not None:
+                    for item in source.downward_api.items or []:
+                        (target / item.path).write_text(_field(pod, item.field_ref.field_path))
             return str(target)
-        raise ValueError(f"volume {volume.name}: only persistentVolumeClaim, configMap and emptyDir are supported")
+        if volume.empty_dir is not None:
+            return str(target)
+        raise ValueError(f"volume {volume.name}: only persistentVolumeClaim, configMap, projected and emptyDir are "
+                         "supported")
+
+    def _config_map(self, source: Any, namespace: str, target: Path) -> None:
+        """A ConfigMap's keys as files (only `items`, under their paths, when the source lists them)."""
+        data = self.core.read_namespaced_config_map(source.name, namespace).data or {}
+        items = {item.key: item.path for item in source.items or []} or {key: key for key in data}
+        for key, path in items.items():
+            (target / path).write_text(data[key])
+
+    def _renew(self, local: LocalPod, token: Token) -> None:
+        """Request a token bound to the pod, as a kubelet does, and write it where the pod reads it."""
+        request: Any = self.core.create_namespaced_service_account_token(token.service_account, local.namespace, {
+            "spec": {"audiences": [token.audience] if token.audience else None,
+                     "expirationSeconds": token.expiration_s,
+                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": local.name, "uid": local.uid}}})
+        staged = token.file.with_name(f".{token.file.name}.tmp")
+        staged.write_text(request.status.token)
+        staged.replace(token.file)
+        token.renew_at = time.monotonic() + TOKEN_RENEW_SHARE * token.expiration_s
 
     @staticmethod
     def _rewrite_paths(local: LocalPod, text: str) -> str:
@@ -269,6 +322,9 @@ class Executor:
                              "entrypoint")
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "HOSTNAME": local.name, "PYTHONUNBUFFERED": "1"}
+        env.update(self.api_env)
+        if SERVICE_ACCOUNT_MOUNT in local.paths:  # nothing can be mounted at the standard path here
+            env["TAILOR_SERVICE_ACCOUNT_DIR"] = local.paths[SERVICE_ACCOUNT_MOUNT]
         env.update({e["name"]: self._rewrite(local, container, e.get("value", "")) for e in spec.get("env") or []
                     if "valueFrom" not in e})
         work = container.folder / f"run-{container.restarts}"
@@ -285,7 +341,10 @@ class Executor:
         container.started_at, container.exit_code, container.ready = _now(), None, False
 
     def check(self, local: LocalPod, pod: Any) -> None:
-        """Exits, restarts (restartPolicy Always or OnFailure) and readiness probes."""
+        """Token renewals, exits, restarts (restartPolicy Always or OnFailure) and readiness probes."""
+        for token in local.tokens:
+            if time.monotonic() > token.renew_at:
+                self._renew(local, token)
         for container in local.containers:
             process = container.process
             if process is not None and container.exit_code is None and process.poll() is not None:
@@ -384,6 +443,15 @@ class Executor:
     def stop_all(self) -> None:
         for uid in list(self.pods):
             self.stop(uid)
+
+
+def _field(pod: Any, path: str) -> str:
+    """A downward-API field the executor knows: the pod's namespace, name or uid."""
+    fields = {"metadata.namespace": pod.metadata.namespace, "metadata.name": pod.metadata.name,
+              "metadata.uid": pod.metadata.uid}
+    if path not in fields:
+        raise ValueError(f"downward API field {path}: the executor supplies only {', '.join(fields)}")
+    return str(fields[path])
 
 
 def _replace_path(text: str, mount: str, local: str) -> str:

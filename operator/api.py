@@ -65,7 +65,7 @@ class GpuProfile(StrEnum):
 
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
-NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.runs_natively(hardware.Precision.FP8))
+NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 
 def _cel_list(profiles: tuple[GpuProfile, ...]) -> str:
@@ -290,7 +290,7 @@ FP8_NEEDS_SUPPORT = cel(
     f"!(self.compression.targetGPU in {_cel_list(NO_FP8_PROFILES)})"
     " || (self.quantization.precision in ['auto', 'none'] && self.quantization.kvCacheDtype != 'fp8')",
     "fp8 or nvfp4 weights and an fp8 KV cache need a Hopper, Ada or Blackwell targetGPU (NVFP4 runs natively on "
-    "Blackwell and weight-only on Hopper and Ada); Ampere has neither",
+    "Blackwell and weight-only on Hopper and Ada; the cpu development profile emulates both); Ampere has neither",
     ".quantization",
 )
 CONTEXT_WITHIN_COMPRESSION = cel(

@@ -8,6 +8,7 @@ rejected by strict field validation).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ import yaml
 
 from tailor.operator import api
 
-CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "compressedmodel.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+CRD_FILE = ROOT / "crds" / "compressedmodel.yaml"
+CHART_CRD_FILE = ROOT / "charts" / "tailor" / "crds" / "compressedmodel.yaml"  # Helm installs it from there
+REFERENCE_FILE = ROOT / "docs" / "reference.md"
 
 # Keys that carry over unchanged from JSON Schema to the structural schema.
 _KEPT = {"type", "description", "default", "enum", "format", "pattern", "minLength", "maxLength", "minimum",
@@ -120,8 +124,74 @@ def render_crd() -> str:
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
 
 
-def write_crd(path: Path = CRD_FILE) -> None:
-    """Write the CRD atomically."""
-    temporary = path.with_suffix(".yaml.tmp")
-    temporary.write_text(render_crd())
-    temporary.replace(path)
+def _constraints(node: dict[str, Any]) -> str:
+    """The validation of one schema node, in words."""
+    parts = []
+    if "enum" in node:
+        parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+    for key, word in (("minimum", ">="), ("maximum", "<="), ("minLength", "length >="), ("maxLength", "length <="),
+                      ("minItems", "items >="), ("maxItems", "items <="), ("maxProperties", "entries <=")):
+        if key in node:
+            parts.append(f"{word} {node[key]}")
+    if "pattern" in node:
+        parts.append(f"matches `{node['pattern']}`")
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        parts.append("free-form")
+    return "; ".join(parts)
+
+
+def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
+    kind = node.get("type", "")
+    if kind == "array":
+        kind = f"[]{node.get('items', {}).get('type', '')}"
+    default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
+    description = " ".join(node.get("description", "").split()).replace("|", "\\|")
+    rules = [r["message"] for r in node.get("x-kubernetes-validations", [])]
+    notes = "; ".join(filter(None, [_constraints(node), *rules])).replace("|", "\\|")
+    rows = [f"| `{path}` | {kind} | {'yes' if required else ''} | {default} | {description} | {notes} |"]
+    children = node.get("properties") or node.get("items", {}).get("properties") or {}
+    child_required = set(node.get("required") or node.get("items", {}).get("required") or [])
+    prefix = f"{path}[]" if node.get("type") == "array" else path
+    for name, child in children.items():
+        rows += _rows(child, f"{prefix}.{name}", name in child_required)
+    return rows
+
+
+def render_reference() -> str:
+    """The CompressedModel field reference (docs/reference.md), from the same schema as the CRD."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    lines = ["<!-- Generated from tailor/operator/api.py by `tailor crd generate`; do not edit by hand. -->",
+             f"# CompressedModel field reference ({api.GROUP}/{api.VERSION})", "",
+             schema["description"], "",
+             "Rules that span fields (the API server enforces them with CEL) are listed on the field they name.",
+             "`kubectl explain compressedmodel.spec` shows the same text from the cluster.", ""]
+    for part in ("spec", "status"):
+        node = schema["properties"][part]
+        lines += [f"## {part}", "", " ".join(node.get("description", "").split()), "",
+                  "| field | type | required | default | description | validation |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [row for name, child in node["properties"].items()
+                  for row in _rows(child, f"{part}.{name}", name in set(node.get("required", [])))]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def generated() -> dict[Path, str]:
+    """Every file generated from the models, and its text."""
+    text = render_crd()
+    return {CRD_FILE: text, CHART_CRD_FILE: text, REFERENCE_FILE: render_reference()}
+
+
+def stale() -> list[Path]:
+    """The generated files that differ from the models."""
+    return [path for path, text in generated().items() if not path.exists() or path.read_text() != text]
+
+
+def write_generated() -> list[Path]:
+    """Write every generated file atomically; the paths written."""
+    for path, text in generated().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(text)
+        temporary.replace(path)
+    return list(generated())

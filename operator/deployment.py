@@ -19,6 +19,7 @@ PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 MODELS_MOUNT = "/models"
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
 PROBE_PERIOD_S = 10
+SERVING_SERVICE_ACCOUNT = "tailor-serving"
 # Metrics a prometheus-adapter serves per pod from Triton's /metrics (rules in the Helm chart):
 # average queue time per request, and requests waiting.
 POD_METRICS = {"queueTimeMicroseconds": "triton_queue_time_us_per_request",
@@ -72,9 +73,10 @@ def startup_failure_threshold(weight_bytes: int) -> int:
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
-              repository: str, generation: int) -> list[dict[str, Any]]:
+              repository: str, generation: int, service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
     """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
-    pool that is not skipped. `repository` is the model repository's path inside `claim`."""
+    pool that is not skipped. `repository` is the model repository's path inside `claim`; the pods run as
+    `service_account` with no API token (Triton never calls the Kubernetes API)."""
     if plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None:
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
     selector = revision_labels(model, plan.name, generation)
@@ -103,6 +105,8 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "metadata": {"labels": selector, "annotations": {"prometheus.io/scrape": "true",
                                                          "prometheus.io/port": str(PORTS["metrics"])}},
         "spec": {
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": False,
             "nodeSelector": {k: v for k, v in sorted(_pool_selector(plan, deployment).items())},
             "tolerations": [GPU_TAINT_TOLERATION],
             "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 
-from tailor.operator import metrics
+from tailor.operator import login, metrics
 from tailor.operator.api import GROUP, PLURAL, VERSION
 from tailor.operator.kube import Kube
 from tailor.operator.reconcile import OperatorSettings, reconcile
@@ -57,11 +57,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300  # watches are restarted at least this often
     settings.watching.client_timeout = 330
     settings.execution.max_workers = 16
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    api = client.ApiClient()
+    settings.scanning.disabled = True  # the resources are known: no need to read or watch CRDs (RBAC)
+    api = client.ApiClient(login.load_config())
     api.user_agent = USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
     RUNTIME.kube = Kube(api)

@@ -21,12 +21,14 @@ ARTIFACTS = "/artifacts"
 PLAN = "/plan"
 SOURCE = "/source"
 RENDEZVOUS_PORT = 29500
+JOB_SERVICE_ACCOUNT = "tailor-job"
 
 
 class JobSettings(BaseModel):
     """Resources and limits of one stage's Job."""
 
     image: str = Field(min_length=1)
+    service_account: str = Field(JOB_SERVICE_ACCOUNT, min_length=1)
     gpus_per_node: int = Field(1, ge=0, le=16)  # 0: a CPU-only step (packaging)
     nodes: int = Field(1, ge=1, le=64)
     backoff_limit: int = Field(2, ge=0, le=100)
@@ -71,6 +73,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, args: list[s
         "metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
         "spec": {
             "restartPolicy": "Never",
+            "serviceAccountName": settings.service_account,
+            "automountServiceAccountToken": False,  # the stages never call the Kubernetes API
             "nodeSelector": {PRODUCT_LABEL: gpu_product},
             "tolerations": [GPU_TAINT_TOLERATION],
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},

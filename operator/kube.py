@@ -29,6 +29,7 @@ KINDS = {
     "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"), "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"), "Pod": ("v1", "pods"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
     "CompressedModel": (f"{GROUP}/{VERSION}", PLURAL),
 }
 

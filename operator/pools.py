@@ -3,7 +3,8 @@ Discovery label, and the cost model's sizing of the compressed, quantized model 
 
 The checkpoint is quantized once, for the spec's target GPU (`spec_recipe`); every pool serves that
 checkpoint. A pool whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint with
-TensorRT-LLM and is skipped; NVFP4 on Hopper runs weight-only (W4A16) and is noted.
+TensorRT-LLM and is skipped; NVFP4 on Hopper runs weight-only (W4A16) and is noted. The `cpu` development
+profile serves them through the Python backend, which dequantizes them.
 
 Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live
 cluster and a test's nodes. A pool that cannot serve the model is kept with the reason it was skipped.
@@ -82,7 +83,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], arch: Architect
         return plan.model_copy(update={"skipped": f"no GPU profile knows {PRODUCT_LABEL}={product}"})
     if plan.gpus_per_node == 0:
         return plan.model_copy(update={"skipped": f"the nodes have no allocatable {GPU_RESOURCE}"})
-    if recipe.precision is not Precision.BF16 and not gpu.runs_natively(Precision.FP8):
+    if recipe.precision is not Precision.BF16 and not gpu.serves_quantized:
         return plan.model_copy(update={"skipped": f"{gpu.name} ({gpu.family}) has no FP8 math: TensorRT-LLM cannot "
                                                   f"serve the {recipe.precision.value} checkpoint there"})
     kv = preferred_kv_dtype(gpu) if kv_cache_dtype == "auto" else (

@@ -41,6 +41,7 @@ from tailor.operator.api import (
 from tailor.operator.deployment import (
     PORTS,
     REVISION_LABEL,
+    SERVING_SERVICE_ACCOUNT,
     labels,
     manifests,
     owner_reference,
@@ -48,7 +49,7 @@ from tailor.operator.deployment import (
     service,
     service_name,
 )
-from tailor.operator.jobs import JobSettings, Stage, job_name, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, Stage, job_name, stage_job
 from tailor.operator.kube import Kube
 from tailor.operator.pools import PoolPlan, plan_pools
 from tailor.operator.stages import (
@@ -78,6 +79,9 @@ class OperatorSettings:
     job_image: str = "ghcr.io/tailor-dev/tailor:0.1.0"
     claim_size: str = "1Ti"
     catalog: GpuCatalog = field(default_factory=GpuCatalog.load)
+    job_service_account: str = JOB_SERVICE_ACCOUNT
+    serving_service_account: str = SERVING_SERVICE_ACCOUNT
+    image_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -210,9 +214,20 @@ class Pass:
         if self.kube.create(self.owner, claim) is not None:
             self.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
 
+    def ensure_service_account(self, name: str) -> None:
+        """A ServiceAccount for the stage or Triton pods of this namespace: no API token is mounted and no role
+        is bound to it; it carries the image pull secrets. Shared by the namespace's models, so not owned."""
+        self.kube.create(self.owner, {
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": self.namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "tailor"}},
+            "automountServiceAccountToken": False,
+            "imagePullSecrets": [{"name": secret} for secret in self.settings.image_pull_secrets]})
+
     def job_settings(self, spec: CompressedModelSpec, stage: Stage) -> JobSettings:
         jobs = spec.jobs
         return JobSettings(image=jobs.image or self.settings.job_image,
+                           service_account=self.settings.job_service_account,
                            gpus_per_node=0 if stage == "package" else 1 if stage == "evaluate" else jobs.gpus_per_node,
                            nodes=jobs.nodes if stage == "compress" else 1, backoff_limit=jobs.backoff_limit,
                            active_deadline_seconds=jobs.active_deadline_seconds)
@@ -256,6 +271,7 @@ class Pass:
         job = self.kube.get(self.owner, "Job", self.namespace, name)
         if job is None:
             self.ensure_claim(spec)
+            self.ensure_service_account(self.settings.job_service_account)
             plan_map = self.plan_config_map(spec)
             _, source_claim = parent_location(spec)
             for manifest in stage_job(self.body, stage, generation, args, self.job_settings(spec, stage),
@@ -425,9 +441,10 @@ class Pass:
             return status, False
         ready, replicas = self.revision_ready(plan.name)
         if replicas is None:  # no Deployment yet: create the revision
+            self.ensure_service_account(self.settings.serving_service_account)
             for manifest in manifests(self.body, plan, spec.deployment, claim,
                                       f"{repository(self.name, self.generation, plan.name)}/repository",
-                                      self.generation):
+                                      self.generation, self.settings.serving_service_account):
                 _, created = self.kube.ensure(self.owner, manifest)
                 if created and manifest["kind"] == "Deployment":
                     self.event("RevisionCreated", f"created Deployment {manifest['metadata']['name']}: "
