@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tailor.cli import compress, quantize, run_operator, serving, size
+from tailor.cli import compress, demo, quantize, run_operator, serving, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -91,17 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     crd = nouns.add_parser("crd", help="the CompressedModel CustomResourceDefinition", epilog=CRD_EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     crd_verbs = crd.add_subparsers(dest="verb", required=True)
-    generate = crd_verbs.add_parser("generate", help="write the CRD (crds/, charts/tailor/crds/) and docs/reference.md from the pydantic models")
+    generate = crd_verbs.add_parser(
+        "generate", help="write the CRD (crds/, charts/tailor/crds/) and docs/reference.md from the models")
     mode = generate.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 when a generated file differs from the models")
     mode.add_argument("--stdout", action="store_true", help="print instead of writing")
     crd.set_defaults(run=_crd)
 
     size.add_parser(nouns)
+    demo.add_parser(nouns)
     compress.add_parsers(nouns)
     quantize.add_parser(nouns)
     serving.add_parsers(nouns)
     run_operator.add_parser(nouns)
+    run_operator.add_check_parser(nouns)
     return parser
 
 

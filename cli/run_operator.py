@@ -63,3 +63,22 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--verbose", action="store_true", help="debug logging (kopf's too)")
     parser.add_argument("--bind", default="0.0.0.0", help="address of the metrics and liveness endpoints")
     parser.set_defaults(run=_operator)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from tailor.operator.installcheck import check
+
+    problems = check(args.deployment, args.timeout)
+    for problem in problems:
+        print(f"FAIL {problem}")
+    if not problems:
+        print(f"ok: the CompressedModel CRD is served and {args.deployment} is available")
+    return 1 if problems else 0
+
+
+def add_check_parser(nouns: Any) -> None:
+    parser = nouns.add_parser("operator-check", help="check an installation: CRD served, operator available "
+                                                     "(the chart's helm test)")
+    parser.add_argument("--deployment", required=True, help="the operator's Deployment, NAMESPACE/NAME")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to keep retrying")
+    parser.set_defaults(run=_check)

@@ -131,6 +131,9 @@ def compression_plan(spec: CompressedModelSpec, catalog: GpuCatalog) -> dict[str
     return plan
 
 
+CALIBRATION_WINDOW = 256  # tokens per calibration sequence in `tailor quantize` (QuantJob.seq_len)
+
+
 def build_dir(name: str, build: int) -> str:
     return f"{ARTIFACTS}/{name}/g{build}"
 
@@ -153,6 +156,7 @@ def quantize_args(spec: CompressedModelSpec, name: str, build: int, catalog: Gpu
             checkpoint(spec, name, build, catalog),
             "--format", fmt, "--gpu", spec.compression.target_gpu.value,
             "--kv-cache", kv_cache_dtype(spec, catalog).value, "--parent", parent_location(spec)[0],
+            "--calibration-tokens", str(spec.quantization.calibration_samples * CALIBRATION_WINDOW),
             "--result-file", RESULT_FILE]
 
 

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, pack_config
 from tailor.operator import api as model
-
-REPO = Path(__file__).resolve().parents[2]
-CHILD = json.loads((REPO / "compressor" / "models" / "nemotron-3-puzzle-75b-a9b.json").read_text())
-
-
-def results(passed: bool = True) -> dict[str, str]:
-    """Pod annotations carrying each stage's result: the built-in Puzzle-75B child, NVFP4, a gate verdict."""
-    compress = CompressResult(child="/artifacts/x/g1/compress/child", params=75_350_000_000,
-                              active_params=9_310_000_000, parent_params=120_670_000_000,
-                              parent_active_params=12_770_000_000, pattern="M" * 88, predicted_speedup=2.0,
-                              kl_to_parent=0.1, config=pack_config(CHILD))
-    quantize = QuantizeResult(checkpoint="/artifacts/x/g1/quantized", recipe="nvfp4-mamba-moe", quant_algo="NVFP4",
-                              kv_cache_quant_algo="FP8", weight_bytes=44_950_000_000, kl_to_unquantized=0.01)
-    gate = GateResult(parent_score=0.60, child_score=0.59 if passed else 0.50,
-                      retention=0.59 / 0.60 if passed else 0.50 / 0.60, min_retention=0.97, passed=passed,
-                      parent_perplexity=5.0, child_perplexity=5.2, kl_to_parent=0.1, tokens=4096)
-    return {f"devcluster.tailor.dev/result-{r.stage}": r.message() for r in (compress, quantize, gate)}
 
 
 class _Objects:

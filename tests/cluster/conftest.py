@@ -57,6 +57,20 @@ def kubectl(devcluster: cluster.Layout) -> Callable[..., subprocess.CompletedPro
     return run
 
 
+@pytest.fixture(scope="session")
+def helm(devcluster: cluster.Layout) -> Callable[..., subprocess.CompletedProcess[str]]:
+    binary = build.ensure_binaries() / "helm"
+
+    def run(*args: str, check: bool = True, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(binary), f"--kubeconfig={devcluster.kubeconfig}", *args], capture_output=True,
+                              text=True, timeout=timeout_s)
+        if check and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stderr}")
+        return done
+
+    return run
+
+
 @pytest.fixture
 def namespace(api: client.ApiClient) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:8]}"
@@ -79,6 +93,10 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60, interva
 
 
 REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "tailor"
+
+
+KUBE_VERSION = build.kubernetes_version()
 
 
 @pytest.fixture(scope="session")
@@ -100,10 +118,10 @@ def _served(api: client.ApiClient) -> bool:
 class OperatorProcess:
     """`tailor operator` as a subprocess watching one namespace, as it runs in a cluster; killable."""
 
-    def __init__(self, layout: cluster.Layout, namespace: str, log: Path) -> None:
+    def __init__(self, layout: cluster.Layout, namespace: str, log: Path, kubeconfig: Path) -> None:
         import socket
 
-        self.layout, self.namespace, self.log = layout, namespace, log
+        self.layout, self.namespace, self.log, self.kubeconfig = layout, namespace, log, kubeconfig
         self.process: subprocess.Popen[bytes] | None = None
         sockets = [socket.socket() for _ in range(2)]
         for s in sockets:
@@ -116,7 +134,7 @@ class OperatorProcess:
         import os
         import sys
 
-        env = {**os.environ, "KUBECONFIG": str(self.layout.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", self.namespace,
@@ -149,19 +167,83 @@ class OperatorProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def service_account_kubeconfig(api: client.ApiClient, layout: cluster.Layout, namespace: str, account: str,
+                               path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount (a token from the TokenRequest API)."""
+    import yaml
+
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    admin = yaml.safe_load(layout.kubeconfig.read_text())
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account,
+                                                   "namespace": namespace}}],
+        "current-context": account}))
+    return path
+
+
 @pytest.fixture
-def operator(devcluster: cluster.Layout, crd: None, api: client.ApiClient, namespace: str,
+def chart_rbac(api: client.ApiClient, helm: Callable[..., Any], kubectl: Callable[..., Any],
+               namespace: str) -> Iterator[str]:
+    """The chart's ServiceAccount and RBAC for an operator watching the test's namespace (release = namespace,
+    so cluster-scoped names do not collide); the ServiceAccount's name."""
+    rendered = helm("template", namespace, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION,
+                    "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml").stdout
+    kubectl("apply", "-f", "-", stdin=rendered)
+    yield f"{namespace}-tailor"
+    kubectl("delete", "--ignore-not-found", "-f", "-", stdin=rendered)
+
+
+@pytest.fixture
+def operator(devcluster: cluster.Layout, crd: None, api: client.ApiClient, namespace: str, chart_rbac: str,
              tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator for the test's namespace; afterwards its CompressedModels are deleted through it (their
-    finalizers need it), so the namespace can go."""
-    running = OperatorProcess(devcluster, namespace, tmp_path / "operator.log").start()
+    """The operator for the test's namespace, authenticated as the chart's ServiceAccount (so with exactly the
+    chart's permissions); afterwards its CompressedModels are deleted through it (their finalizers need it),
+    so the namespace can go."""
+    kubeconfig = service_account_kubeconfig(api, devcluster, namespace, chart_rbac, tmp_path / "kubeconfig")
+    running = OperatorProcess(devcluster, namespace, tmp_path / "operator.log", kubeconfig).start()
     yield running
     if running.process is None or running.process.poll() is not None:
         running.start()
+    delete_models(api, namespace)
+    running.stop()
+
+
+class InstalledOperator:
+    """The chart's operator Deployment on the executor node (`local-0`), which runs it as a process of this
+    checkout under the chart's ServiceAccount token."""
+
+    def __init__(self, layout: cluster.Layout, namespace: str, release: str) -> None:
+        self.layout, self.namespace, self.release = layout, namespace, release
+
+    def log_tail(self, lines: int = 40) -> str:
+        pods = self.layout.root / "executor" / "pods"
+        logs = sorted(pods.glob(f"{self.namespace}_{self.release}-tailor-*/operator/output.log"),
+                      key=lambda p: p.stat().st_mtime)
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no log)"
+
+
+def delete_models(api: client.ApiClient, namespace: str) -> None:
+    """Delete a namespace's CompressedModels and wait until their finalizers have run."""
     objects = client.CustomObjectsApi(api)
     for item in objects.list_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL)["items"]:
         objects.delete_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL,
                                                 item["metadata"]["name"])
     wait_for("the CompressedModels to be deleted", lambda: not objects.list_namespaced_custom_object(
         model.GROUP, model.VERSION, namespace, model.PLURAL)["items"], timeout_s=60)
-    running.stop()
+
+
+DEVCLUSTER_VALUES = REPO / "devcluster" / "chart-values.yaml"
+
+
+@pytest.fixture
+def installed_operator(devcluster: cluster.Layout, crd: None, api: client.ApiClient, helm: Callable[..., Any],
+                       namespace: str) -> Iterator[InstalledOperator]:
+    """The chart installed into the test's namespace (watching it), its operator pod Ready on local-0."""
+    helm("install", namespace, str(CHART), "-n", namespace, "-f", str(DEVCLUSTER_VALUES), "--wait",
+         "--timeout", "120s")
+    yield InstalledOperator(devcluster, namespace, namespace)
+    delete_models(api, namespace)
+    helm("uninstall", namespace, "-n", namespace, "--wait")

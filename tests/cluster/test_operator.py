@@ -12,7 +12,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from cmodels import OBJECTS, cmodel, events, jobs, results, wait_phase
+from tailor.devcluster.simulated import published_results
+
+from cmodels import OBJECTS, cmodel, events, jobs, wait_phase
 from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +35,7 @@ def example(name: str, annotations: dict[str, str], **deployment: Any) -> dict[s
 
 def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str, operator: Any) -> None:
     objects = client.CustomObjectsApi(api)
-    OBJECTS.create(objects, namespace, example("super", results()))
+    OBJECTS.create(objects, namespace, example("super", published_results()))
     ready = wait_phase(objects, namespace, "super", "Ready", operator)
     status = ready["status"]
     pools = {p["name"]: p for p in status["pools"]}
@@ -82,7 +84,7 @@ def test_failing_job_is_retried_then_fails(api: client.ApiClient, namespace: str
     assert len(pods) == 2  # the first try and backoffLimit 1 retry
     assert jobs(api, namespace) == ["broken-g1-compress"]  # nothing after the failed stage
     # fixing what failed is a new generation with the same build inputs: the build is retried
-    fixed = {"devcluster.tailor.dev/fail": None, **results()}  # a merge patch: null removes the failing one
+    fixed = {"devcluster.tailor.dev/fail": None, **published_results()}  # a merge patch: null removes the failing one
     OBJECTS.patch(objects, namespace, "broken", {"spec": {"jobs": {"podAnnotations": fixed}}})
     ready = wait_phase(objects, namespace, "broken", "Ready", operator, generation=2)
     assert ready["status"]["build"]["generation"] == 2 and "broken-g2-compress" in jobs(api, namespace)
@@ -93,7 +95,7 @@ def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operato
     gate leaves the serving revision alone."""
     objects = client.CustomObjectsApi(api)
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    OBJECTS.create(objects, namespace, example("m", results()))
+    OBJECTS.create(objects, namespace, example("m", published_results()))
     wait_phase(objects, namespace, "m", "Ready", operator)
 
     OBJECTS.patch(objects, namespace, "m", {"spec": {"deployment": {"maxReplicas": 2}}})
@@ -106,7 +108,7 @@ def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operato
     assert "TrafficSwitched" in events(api, namespace, "m")
 
     OBJECTS.patch(objects, namespace, "m", {"spec": {"compression": {"minQualityRetention": 0.99},
-                                                     "jobs": {"podAnnotations": results(passed=False)}}})
+                                                     "jobs": {"podAnnotations": published_results(passed=False)}}})
     failed = wait_phase(objects, namespace, "m", "Failed", operator, generation=3)
     conditions = {c["type"]: c for c in failed["status"]["conditions"]}
     assert conditions["Failed"]["reason"] == "QualityGateFailed"
@@ -119,7 +121,7 @@ def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operato
 
 def test_restart_mid_compression_adopts_the_job(api: client.ApiClient, namespace: str, operator: Any) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    held = {**results(), "devcluster.tailor.dev/hold": "until the test lets go"}
+    held = {**published_results(), "devcluster.tailor.dev/hold": "until the test lets go"}
     OBJECTS.create(objects, namespace, example("r", held))
     wait_phase(objects, namespace, "r", "Compressing", operator)
     operator.kill()
@@ -155,8 +157,8 @@ def test_delete_mid_compression_leaves_nothing(api: client.ApiClient, namespace:
 
 def test_update_during_deploying_and_two_objects(api: client.ApiClient, namespace: str, operator: Any) -> None:
     objects, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
-    OBJECTS.create(objects, namespace, example("a", results()))
-    OBJECTS.create(objects, namespace, example("b", results(), maxReplicas=3))
+    OBJECTS.create(objects, namespace, example("a", published_results()))
+    OBJECTS.create(objects, namespace, example("b", published_results(), maxReplicas=3))
     wait_phase(objects, namespace, "a", "Deploying", operator)
     OBJECTS.patch(objects, namespace, "a", {"spec": {"deployment": {"maxReplicas": 3}}})
     a = wait_phase(objects, namespace, "a", "Ready", operator, generation=2)

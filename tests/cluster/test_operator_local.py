@@ -1,10 +1,8 @@
-"""The whole lifecycle for real on the devcluster's executor node (`local-0`, this machine): the operator's Jobs
-run `tailor compress` and `tailor evaluate` on the toy NemotronH hybrid, a package Job writes the Triton model
-repository, and the Deployment's pod is a real tritonserver that answers an inference.
-
-The `cpu` target has no FP8 or NVFP4 math, so `precision: auto` resolves to BF16 and there is no quantization
-stage here (the quantization Job's command is exercised on kwok in test_operator.py and `tailor quantize` in
-tests/unit/compressor/test_quantize.py)."""
+"""The whole lifecycle for real on the devcluster's executor node (`local-0`, this machine), with the operator
+installed by the Helm chart: its pod runs there too, under the chart's ServiceAccount token, so the lifecycle
+passes with exactly the chart's permissions. The operator's Jobs run `tailor compress`, `tailor quantize` (FP8,
+emulated on the `cpu` profile) and `tailor evaluate` on the toy NemotronH hybrid, a package Job writes the
+Triton model repository, and the Deployment's pod is a real tritonserver that answers an inference."""
 
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ def _source_claim(core: client.CoreV1Api, namespace: str, parent: Path) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, operator: Any,
+def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, installed_operator: Any,
                                      tiny_hybrid: Path) -> None:
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     _source_claim(core, namespace, tiny_hybrid)
@@ -47,15 +45,16 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, oper
         "source": {"uri": "pvc://models/tiny-nemotron-h"},
         "compression": {"targetGPU": "cpu", "throughputFactor": 1.05, "contextLength": 256, "rounds": 1,
                         "minQualityRetention": 0.5, "planOverrides": PLAN},
+        "quantization": {"precision": "fp8", "calibrationSamples": 2},
         "deployment": {"pools": [{"name": "local", "nodeSelector": {"nvidia.com/gpu.product": "tailor-local-cpu"},
                                   "concurrency": {"total": 4}}],
                        "contextLength": 256, "minReplicas": 1, "maxReplicas": 1},
         "storage": {"deletionPolicy": "Delete"}}})
-    ready = wait_phase(objects, namespace, "toy", "Ready", operator, timeout_s=780)
+    ready = wait_phase(objects, namespace, "toy", "Ready", installed_operator, timeout_s=780)
     status = ready["status"]
-    assert jobs(api, namespace) == ["toy-g1-compress", "toy-g1-evaluate", "toy-g1-package-local"]
+    assert jobs(api, namespace) == ["toy-g1-compress", "toy-g1-evaluate", "toy-g1-package-local", "toy-g1-quantize"]
     assert status["quality"]["passed"] is True and status["quality"]["retention"] >= 0.5
-    assert status["architecture"]["precision"] == "bf16" and status["architecture"]["blocks"] == 8
+    assert status["architecture"]["precision"].startswith("fp8") and status["architecture"]["blocks"] == 8
     (pool,) = status["pools"]
     assert pool["readyReplicas"] == 1 and pool["revision"] == "g1"
 

@@ -1,0 +1,249 @@
+"""`tailor demo`: Tailor end to end on this machine, as a platform engineer would meet it.
+
+1. the devcluster (built from Go modules the first time), and the Helm chart installed into it: the operator
+   runs as the chart's Deployment on the executor node, under the chart's ServiceAccount and RBAC;
+2. SmolLM2-135M (from the package index) staged on a `models` claim, and `examples/smollm2-135m-cpu.yaml`
+   applied: the real compression, quantization and evaluation Jobs run on this CPU, their logs streamed here;
+3. the two Nemotron-3 references (`examples/nemotron-super-{h100,b200}.yaml`) applied beside it: kwok finishes
+   their Jobs on the simulated GPU pools with the published child (`simulated.py`), and the operator sizes
+   their Triton deployments for real;
+4. a prompt sent to the SmolLM2 child's Triton server, then a summary (`runs/demo/summary.json`) and the
+   Puzzle search's Pareto plot (`runs/demo/pareto.png`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tailor.devcluster import build, cluster
+from tailor.devcluster.log import log
+from tailor.devcluster.simulated import published_results
+from tailor.operator import api as model
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "tailor"
+CHART_VALUES = Path(__file__).resolve().parent / "chart-values.yaml"
+EXAMPLE = ROOT / "examples" / "smollm2-135m-cpu.yaml"
+REFERENCES = [ROOT / "examples" / "nemotron-super-h100.yaml", ROOT / "examples" / "nemotron-super-b200.yaml"]
+RELEASE, SYSTEM, NAMESPACE = "tailor", "tailor-system", "tailor-demo"
+PROMPT = "ROMEO:"
+# `--preset fast`: half the token budgets of the example (a lower-quality child, a shorter wait)
+FAST = {"distillation": {"blockwiseTokens": 2048, "globalTokens": 2048},
+        "planOverrides": {"bldActivationTokens": 1024, "scoringTokens": 256, "evalTokens": 512}}
+
+
+@dataclass
+class Demo:
+    out: Path
+    preset: str = "default"
+    timeout_s: float = 1800.0
+    api: client.ApiClient = field(init=False)
+    started: float = field(default_factory=time.monotonic)
+
+    # --- set-up ---------------------------------------------------------------------------------------
+
+    def helm(self, *args: str) -> str:
+        binary = build.ensure_binaries() / "helm"
+        layout = cluster.Layout(cluster.state_dir())
+        done = subprocess.run([str(binary), f"--kubeconfig={layout.kubeconfig}", *args], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def install(self) -> None:
+        """The chart, as a user installs it; the CRD applied first, since Helm never upgrades a chart's CRDs."""
+        layout = cluster.up()
+        self.api = config.new_client_from_config(config_file=str(layout.kubeconfig))
+        kubectl = build.ensure_binaries() / "kubectl"
+        subprocess.run([str(kubectl), f"--kubeconfig={layout.kubeconfig}", "apply", "--server-side",
+                        "--force-conflicts", "-f", str(CHART / "crds")], check=True, capture_output=True)
+        for namespace in (SYSTEM, NAMESPACE):
+            self._ensure(lambda ns=namespace: client.CoreV1Api(self.api).create_namespace({"metadata": {"name": ns}}))
+        log(f"installing the chart {CHART.relative_to(ROOT)} as release {RELEASE} in {SYSTEM}, watching {NAMESPACE}")
+        self.helm("upgrade", "--install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(CHART_VALUES),
+                  "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
+        log(self.helm("test", RELEASE, "-n", SYSTEM, "--timeout", "120s").split("Phase:")[-1].split("\n")[0].strip()
+            .join(["helm test: ", ""]))
+
+    @staticmethod
+    def _ensure(create: Any) -> None:
+        try:
+            create()
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def stage_parent(self) -> None:
+        """SmolLM2-135M on a `models` claim, as a platform team stages weights (here: the claim's folder)."""
+        from tailor.compressor.sources import fetch_parent
+
+        parent = fetch_parent()
+        core = client.CoreV1Api(self.api)
+        self._ensure(lambda: core.create_namespaced_persistent_volume_claim(NAMESPACE, {
+            "metadata": {"name": "models"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}}}}))
+        folder = self.claim_folder("models", timeout_s=60) / parent.name
+        if not (folder / "config.json").exists():
+            shutil.copytree(parent, folder.with_name(f".{folder.name}.partial"), dirs_exist_ok=True)
+            folder.with_name(f".{folder.name}.partial").rename(folder)
+        log(f"staged {parent.name} on claim {NAMESPACE}/models")
+
+    def claim_folder(self, claim: str, timeout_s: float = 30) -> Path:
+        """The folder behind a claim (the devcluster provisions hostPath volumes on this machine)."""
+        core = client.CoreV1Api(self.api)
+        deadline = time.monotonic() + timeout_s
+        while not (volume := core.read_namespaced_persistent_volume_claim(claim, NAMESPACE).spec.volume_name):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"claim {NAMESPACE}/{claim} is not bound after {timeout_s:.0f}s")
+            time.sleep(1)
+        return Path(core.read_persistent_volume(volume).spec.host_path.path)
+
+    # --- the CompressedModels -----------------------------------------------------------------------
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The SmolLM2 example (with the preset), and the Nemotron references whose Jobs kwok finishes."""
+        example = yaml.safe_load(EXAMPLE.read_text())
+        if self.preset == "fast":
+            compression = example["spec"]["compression"]
+            compression["distillation"] = FAST["distillation"]
+            compression["planOverrides"] = {**compression["planOverrides"], **FAST["planOverrides"]}
+        found = [example]
+        for path in REFERENCES:
+            reference = yaml.safe_load(path.read_text())
+            reference["metadata"]["namespace"] = NAMESPACE
+            reference["spec"].setdefault("jobs", {})["podAnnotations"] = published_results()
+            found.append(reference)
+        return found
+
+    def apply(self) -> list[str]:
+        custom = client.CustomObjectsApi(self.api)
+        names = []
+        for body in self.objects():
+            name = body["metadata"]["name"]
+            names.append(name)
+            self.delete(name)  # a demo starts from scratch
+            custom.create_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, body)
+            log(f"applied CompressedModel {NAMESPACE}/{name} (target {body['spec']['compression']['targetGPU']})")
+        return names
+
+    def delete(self, name: str) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        try:
+            custom.delete_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        deadline = time.monotonic() + 120
+        while self.get(name) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CompressedModel {name} from an earlier demo was not deleted in 120s")
+            time.sleep(1)
+        log(f"deleted {name} from an earlier run")
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, name)
+            return found
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def follow(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """Log phase changes of every object and stream the real Jobs' logs, until all are Ready."""
+        said: dict[str, str] = {}
+        offsets: dict[Path, int] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            bodies = {name: self.get(name) or {} for name in names}
+            for name, body in bodies.items():
+                status = body.get("status") or {}
+                stage = next((s for s in reversed(status.get("stages") or []) if s.get("state") == "Running"), {})
+                line = f"{status.get('phase', 'Pending')}" + (f" ({stage['jobName']}: {stage.get('message', '')})"
+                                                             if stage else "")
+                if said.get(name) != line:
+                    log(f"{name}: {line}")
+                    said[name] = line
+                if status.get("phase") == "Failed":
+                    failed = next((c for c in status.get("conditions", []) if c["type"] == "Failed"), {})
+                    raise RuntimeError(f"{name} failed: {failed.get('reason')}: {failed.get('message')}")
+            self.stream_logs(offsets)
+            if all((b.get("status") or {}).get("phase") == "Ready" for b in bodies.values()):
+                return bodies
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not Ready after {self.timeout_s:.0f}s: {said}")
+            time.sleep(2)
+
+    def stream_logs(self, offsets: dict[Path, int]) -> None:
+        """New lines of the stage pods' logs on the executor node (a kubelet would serve `kubectl logs`)."""
+        pods = cluster.Layout(cluster.state_dir()).root / "executor" / "pods"
+        for output in sorted(pods.glob(f"{NAMESPACE}_*/*/output.log"), key=lambda p: p.stat().st_mtime):
+            if "-g" not in output.parent.parent.name:  # stage Jobs and Triton revisions are named <model>-g<N>-...
+                continue
+            with output.open("rb") as stream:
+                stream.seek(offsets.get(output, 0))
+                text = stream.read()
+                offsets[output] = stream.tell()
+            for line in text.decode(errors="replace").splitlines():
+                if line.strip():
+                    print(f"  {output.parent.name:>9} | {line.rstrip()[-150:]}", flush=True)
+
+    # --- the answer and the summary -----------------------------------------------------------------
+
+    def ask(self, name: str, pool: str) -> dict[str, Any]:
+        from tailor.compressor.serving.client import infer
+
+        (pod,) = client.CoreV1Api(self.api).list_namespaced_pod(
+            NAMESPACE, label_selector=f"tailor.dev/model={name},tailor.dev/pool={pool}").items
+        ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
+        started = time.monotonic()
+        answer = infer(f"127.0.0.1:{ports['http']}", name, "http", PROMPT, max_tokens=24)
+        seconds = time.monotonic() - started
+        log(f"Triton ({pod.metadata.name}) answered in {seconds:.1f}s:\n\n{PROMPT}{answer.text}\n")
+        return {"prompt": PROMPT, "answer": answer.text, "tokens": len(answer.ids), "seconds": round(seconds, 2)}
+
+    def artifacts(self, name: str) -> dict[str, Any]:
+        """The compression report and quantization report the Jobs left on the artifacts claim."""
+        build_dir = self.claim_folder(f"{name}-artifacts") / name / "g1"
+        report = json.loads((build_dir / "compress" / "report.json").read_text())
+        quantized = json.loads((build_dir / "quantized" / "quantization.json").read_text())
+        self.out.mkdir(parents=True, exist_ok=True)
+        pareto = next(iter(sorted((build_dir / "compress").rglob("pareto.png"))), None)
+        if pareto is not None:
+            shutil.copyfile(pareto, self.out / "pareto.png")
+        return {"compression": report, "quantization": quantized, "pareto": pareto is not None}
+
+
+def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer: dict[str, Any],
+            seconds: float) -> dict[str, Any]:
+    """What the demo shows, as JSON."""
+    local = next(b for b in bodies.values() if b["spec"]["compression"]["targetGPU"] == "cpu")
+    report, quantized = artifacts["compression"], artifacts["quantization"]
+    status = local["status"]
+    pools = [{"model": name, **pool} for name, body in bodies.items() for pool in body["status"].get("pools", [])]
+    return {
+        "seconds": round(seconds, 1),
+        "model": local["metadata"]["name"],
+        "parent": report.get("parent"),
+        "child": report.get("child"),
+        "quantization": {k: quantized.get(k) for k in ("recipe", "weight_bytes_before", "weight_bytes_after",
+                                                       "perplexity_before", "perplexity_after",
+                                                       "kl_to_unquantized") if k in quantized} or quantized,
+        "quality": status.get("quality"),
+        "stages": status.get("stages"),
+        "answer": answer,
+        "pools": pools,
+    }

@@ -1,0 +1,176 @@
+"""The Helm chart against the devcluster: lint, templates validated by the API server (server-side dry run),
+values checked by the schema, install / test / upgrade / uninstall, and what the operator's ServiceAccount may
+and may not do. The operator lifecycle under exactly these permissions is test_operator_local.py (the chart's
+pod) and test_operator.py (an operator process with the chart's ServiceAccount token)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tailor.devcluster import cluster
+
+from conftest import CHART, DEVCLUSTER_VALUES, KUBE_VERSION, InstalledOperator, wait_for
+
+# Every option away from its default: cluster-wide RBAC, NetworkPolicy, monitoring, profiles, pull secrets.
+CUSTOM = {
+    "clusterWide": True,
+    "image": {"repository": "registry.example.com/tailor-operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "jobs": {"image": "registry.example.com/tailor-runtime:0.1.0-rc1", "serviceAccountName": "compress-jobs",
+             "claimSize": "500Gi", "imagePullSecrets": [{"name": "registry"}]},
+    "serving": {"serviceAccountName": "triton"},
+    "gpuProfiles": [{"name": "H100-80GB", "gfdProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"]}],
+    "serviceAccount": {"name": "tailor-operator", "annotations": {"example.com/role": "operator"}},
+    "operator": {"logLevel": "debug", "nodeSelector": {"kubernetes.io/os": "linux"},
+                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system",
+                                  "effect": "NoSchedule"}],
+                 "priorityClassName": "system-cluster-critical", "podAnnotations": {"example.com/a": "b"}},
+    "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}},
+    "monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+                   "tritonPodMonitor": {"enabled": True}},
+}
+# The Prometheus Operator's two kinds, reduced to schemas that keep every field: enough for the API server to
+# accept the chart's ServiceMonitor and PodMonitor in a dry run (no Prometheus Operator runs here).
+MODELS = "compressedmodels.tailor.dev"
+MONITORING_KINDS = [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors")]
+
+
+def _monitoring_crd(kind: str, plural: str) -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(kubectl: Callable[..., Any]) -> None:
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([_monitoring_crd(*kind) for kind in MONITORING_KINDS]))
+    for _, plural in MONITORING_KINDS:
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com")
+
+
+def _values(tmp_path: Path, values: dict[str, Any]) -> Path:
+    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_lint(helm: Callable[..., Any], tmp_path: Path) -> None:
+    for extra in ([], ["-f", str(_values(tmp_path, CUSTOM))], ["-f", str(DEVCLUSTER_VALUES)]):
+        result = helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *extra)
+        assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM, {"watchNamespaces": ["team-a", "team-b"]}],
+                         ids=["default", "custom", "two-namespaces"])
+def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl: Callable[..., Any],
+                                              monitoring_crds: None, namespace: str, values: dict[str, Any],
+                                              tmp_path: Path) -> None:
+    for watched in values.get("watchNamespaces", []):
+        kubectl("create", "namespace", watched, check=False)  # a Role lives in each watched namespace
+    rendered = helm("template", "t", str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION,
+                    "-f", str(_values(tmp_path, values))).stdout
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered) if doc]
+    kubectl("create", "serviceaccount", "t-tailor-test", "-n", namespace)  # admission of the test pod looks it up
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
+    assert result.stdout.count("(server dry run)") == len(kinds)
+    if values is CUSTOM:
+        assert {"ClusterRole", "NetworkPolicy", "ServiceMonitor", "PodMonitor"} <= set(kinds)
+        assert kinds.count("Role") == 1  # cluster-wide: only the helm test pod's Role
+        deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--all-namespaces" in args and "--image-pull-secret=registry" in args and "--verbose" in args
+        assert "--job-service-account=compress-jobs" in args and "--serving-service-account=triton" in args
+    elif values:
+        roles = [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"]
+        assert sorted(roles) == sorted([namespace, "team-a", "team-b"])  # the helm test's Role, then the operator's
+        assert "ClusterRole" in kinds  # the node reader only
+    else:
+        assert kinds.count("Role") == 2  # the operator's, in the release namespace, and the helm test's
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"operator": {"logLevel": "loud"}}, "logLevel"),
+    ({"jobs": {"claimSize": "lots"}}, "claimSize"),
+    ({"replicas": 2}, "replicas"),
+    ({"clusterWide": True, "watchNamespaces": ["a"]}, "set either clusterWide: true or watchNamespaces"),
+])
+def test_bad_values_are_refused_naming_the_field(helm: Callable[..., Any], tmp_path: Path,
+                                                 values: dict[str, Any], message: str) -> None:
+    result = helm("template", "t", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(_values(tmp_path, values)),
+                  check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def _can(kubectl: Callable[..., Any], account: str, verb: str, resource: str, namespace: str | None) -> bool:
+    scope = ["-n", namespace] if namespace else []
+    result = kubectl("auth", "can-i", verb, resource, *scope, f"--as={account}", check=False)
+    return result.stdout.strip() == "yes"
+
+
+def test_install_test_upgrade_uninstall_and_permissions(
+        api: client.ApiClient, devcluster: cluster.Layout, helm: Callable[..., Any], kubectl: Callable[..., Any],
+        crd: None, namespace: str, tmp_path: Path) -> None:
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    release = namespace
+    helm("install", release, str(CHART), "-n", namespace, "-f", str(DEVCLUSTER_VALUES), "--wait", "--timeout",
+         "120s")
+    operator = InstalledOperator(devcluster, namespace, release)
+    assert "Phase:          Succeeded" in helm("test", release, "-n", namespace, "--timeout", "120s").stdout
+
+    account = f"system:serviceaccount:{namespace}:{release}-tailor"
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        # granted: what the lifecycle uses, in the watched namespace
+        for verb, resource in [("patch", f"{MODELS}"), ("patch", f"{MODELS}/status"), ("create", "jobs.batch"),
+                               ("watch", "deployments.apps"), ("create", "serviceaccounts"),
+                               ("delete", "persistentvolumeclaims"), ("create", "events")]:
+            assert _can(kubectl, account, verb, resource, namespace), f"{verb} {resource} should be granted"
+        assert _can(kubectl, account, "list", "nodes", None)
+        # not granted: what it never needs
+        for verb, resource, where in [
+                ("get", "secrets", namespace), ("list", "secrets", namespace), ("create", "pods/exec", namespace),
+                ("create", MODELS, namespace), ("delete", MODELS, namespace),
+                ("update", "deployments.apps", namespace), ("patch", "jobs.batch", namespace),
+                ("create", "pods", namespace), ("patch", "nodes", None), ("get", "customresourcedefinitions", None),
+                ("create", "rolebindings.rbac.authorization.k8s.io", namespace),
+                ("create", "jobs.batch", other), ("list", MODELS, other)]:
+            assert not _can(kubectl, account, verb, resource, where), f"{verb} {resource} in {where} is granted"
+    finally:
+        core.delete_namespace(other)
+
+    # upgrade: a new GPU profile reaches the operator (the checksum rolls its pod)
+    operator_pods = "app.kubernetes.io/component=operator"
+    before = {p.metadata.uid for p in core.list_namespaced_pod(namespace, label_selector=operator_pods).items}
+    profiles = {"gpuProfiles": [{"name": "cpu", "gfdProducts": ["tailor-local-cpu", "tailor-other-cpu"]}]}
+    helm("upgrade", release, str(CHART), "-n", namespace, "-f", str(DEVCLUSTER_VALUES), "-f",
+         str(_values(tmp_path, profiles)), "--wait", "--timeout", "120s")
+    pods = core.list_namespaced_pod(namespace, label_selector=operator_pods).items
+    assert {p.metadata.uid for p in pods}.isdisjoint(before)
+    config_map = core.read_namespaced_config_map(f"{release}-tailor-gpu-profiles", namespace)
+    assert yaml.safe_load(config_map.data["profiles.yaml"]) == {"profiles": profiles["gpuProfiles"]}
+    assert apps.read_namespaced_deployment(f"{release}-tailor", namespace).status.available_replicas == 1
+    assert "Phase:          Succeeded" in helm("test", release, "-n", namespace, "--timeout", "120s").stdout, \
+        operator.log_tail()
+
+    helm("uninstall", release, "-n", namespace, "--wait")
+    wait_for("the operator's pods to go", lambda: not core.list_namespaced_pod(
+        namespace, label_selector=operator_pods).items, timeout_s=60)
+    rbac = client.RbacAuthorizationV1Api(api)
+    assert not [r for r in rbac.list_cluster_role().items if r.metadata.name.startswith(f"{release}-tailor")]
+    assert not rbac.list_namespaced_role(namespace).items
+    assert not [a for a in core.list_namespaced_service_account(namespace).items if "tailor" in a.metadata.name]
+    # Helm leaves a chart's CRDs (and so every CompressedModel) in place
+    client.ApiextensionsV1Api(api).read_custom_resource_definition("compressedmodels.tailor.dev")
+
