@@ -51,6 +51,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tritonserver(args: argparse.Namespace) -> int:
+    """Replace this process with the bundled tritonserver (the runtime image's `tritonserver` command)."""
+    import os
+    import tempfile
+
+    from tailor.compressor.serving.server import local_command
+
+    given = args.args[1:] if args.args[:1] == ["--"] else args.args
+    argv, env = local_command(given, Path(tempfile.mkdtemp(prefix="tritonserver-")))
+    os.execve(argv[0], argv, env)
+
+
 def _infer(args: argparse.Namespace) -> int:
     from tailor.compressor.serving import client
 
@@ -88,6 +100,11 @@ def add_parsers(nouns: Any) -> None:
                       help="compute dtype of the Python-backend model")
     pack.add_argument("--stream", action="store_true", help="decoupled: one response per generated token")
     pack.set_defaults(run=_package)
+
+    exec_server = nouns.add_parser("tritonserver", help="exec the tritonserver bundled in nvidia-pytriton with "
+                                   "its Python backend: tailor tritonserver -- <tritonserver's own arguments>")
+    exec_server.add_argument("args", nargs=argparse.REMAINDER, help="tritonserver arguments")
+    exec_server.set_defaults(run=_tritonserver)
 
     serve = nouns.add_parser("serve", help="run tritonserver on 127.0.0.1 until SIGINT/SIGTERM",
                              epilog=EXAMPLES, formatter_class=formatter)

@@ -65,6 +65,7 @@ class GpuProfile(StrEnum):
 
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
+RUNTIME_IMAGE = "ghcr.io/tailor-dev/tailor-runtime:0.1.0"  # images/runtime.Dockerfile: Jobs and Triton
 NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 
@@ -164,6 +165,9 @@ class CompressionSpec(ApiModel):
     min_quality_retention: float = Field(
         default=0.97, gt=0, le=1,
         description="Share of the parent's quality the child must keep to pass the quality gate.")
+    quality_tokens: int = Field(
+        default=4096, ge=256, le=10_000_000,
+        description="Held-out tokens the quality gate (and the quantization report) compares child and parent on.")
     plan_overrides: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
         description="Advanced: fields of the compressor's plan (tailor.compressor.puzzle.plan.Plan, camelCase) "
@@ -246,8 +250,9 @@ class DeploymentSpec(ApiModel):
         description="Node pools to serve on; each gets its own Deployment sized to its GPUs.")
     context_length: int = Field(default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
                                 description="Context length each request may use (prompt and output).")
-    triton_image: str = Field(default="nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3", min_length=1,
-                              max_length=512, description="Triton Inference Server image.")
+    triton_image: str = Field(default=RUNTIME_IMAGE, min_length=1, max_length=512,
+                              description="Image with `tritonserver` and the Python backend that runs the "
+                              "packaged model (images/runtime.Dockerfile).")
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool.")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})

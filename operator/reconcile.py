@@ -25,6 +25,7 @@ from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, unpack_config
 from tailor.operator.api import (
+    RUNTIME_IMAGE,
     STAGE_PHASES,
     ArchitectureSummary,
     BuildStatus,
@@ -76,7 +77,7 @@ STAGE_COMMANDS: dict[StageName, Stage] = {"Compress": "compress", "Quantize": "q
 class OperatorSettings:
     """Cluster-wide defaults the spec can leave out."""
 
-    job_image: str = "ghcr.io/tailor-dev/tailor:0.1.0"
+    job_image: str = RUNTIME_IMAGE
     claim_size: str = "1Ti"
     catalog: GpuCatalog = field(default_factory=GpuCatalog.load)
     job_service_account: str = JOB_SERVICE_ACCOUNT

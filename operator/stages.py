@@ -157,12 +157,13 @@ def quantize_args(spec: CompressedModelSpec, name: str, build: int, catalog: Gpu
             "--format", fmt, "--gpu", spec.compression.target_gpu.value,
             "--kv-cache", kv_cache_dtype(spec, catalog).value, "--parent", parent_location(spec)[0],
             "--calibration-tokens", str(spec.quantization.calibration_samples * CALIBRATION_WINDOW),
-            "--result-file", RESULT_FILE]
+            "--eval-tokens", str(spec.compression.quality_tokens), "--result-file", RESULT_FILE]
 
 
 def evaluate_args(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> list[str]:
     return ["evaluate", "--model", checkpoint(spec, name, build, catalog), "--parent", parent_location(spec)[0],
-            "--min-retention", str(spec.compression.min_quality_retention), "--result-file", RESULT_FILE]
+            "--min-retention", str(spec.compression.min_quality_retention),
+            "--eval-tokens", str(spec.compression.quality_tokens), "--result-file", RESULT_FILE]
 
 
 def repository(name: str, generation: int, pool: str) -> str:

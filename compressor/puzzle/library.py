@@ -104,8 +104,8 @@ def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Varia
     current = slot.part
     options: list[Part] = [current]
     if isinstance(current, Attention):
-        counts = library.kv_heads or [n for n in range(1, current.num_kv_heads)
-                                      if current.num_heads % n == 0]
+        counts = library.kv_heads if library.kv_heads is not None else [
+            n for n in range(1, current.num_kv_heads) if current.num_heads % n == 0]
         options += [current.model_copy(update={"num_kv_heads": n}) for n in sorted(set(counts), reverse=True)
                     if n < current.num_kv_heads and current.num_kv_heads % n == 0]
     elif isinstance(current, Mlp):

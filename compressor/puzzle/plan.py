@@ -79,8 +79,8 @@ class Library(_Spec):
     """Variants built for every parent block."""
 
     ffn_widths: list[float] = Field([0.75, 0.5, 0.25], description="FFN widths as shares of the parent's.")
-    kv_heads: list[int] | None = Field(None, description="KV head counts to offer; default: every divisor of "
-                                                         "the query heads below the parent's count.")
+    kv_heads: list[int] | None = Field(None, description="KV head counts to offer ([]: none); default: every "
+                                                         "divisor of the query heads below the parent's count.")
     linear: bool = Field(True, description="Offer a single linear map for every block.")
     no_op: bool = Field(True, description="Offer removing every block altogether.")
     mamba_heads: list[float] = Field([0.75, 0.5], description="Mamba-2 heads as shares of the parent's (the "
