@@ -29,13 +29,8 @@ up: build ## start the devcluster with its simulated GPU node pools
 down: setup ## stop the devcluster
 	$(TAILOR) devcluster down
 
-demo: up ## quick start: devcluster, CRD, the example CompressedModels, `kubectl get cmodel -A`
-	eval "$$($(TAILOR) devcluster env)" && \
-	kubectl apply --server-side -f crds/compressedmodel.yaml && \
-	kubectl wait --for=condition=Established --timeout=60s crd/compressedmodels.tailor.dev && \
-	kubectl apply -f examples/ && \
-	kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count && \
-	kubectl get cmodel -A -o wide
+demo: build ## quick start: devcluster, the Helm chart, SmolLM2-135M compressed, quantized and served by Triton
+	$(TAILOR) demo $(DEMO_ARGS)
 
 lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(BIN)/ruff check .

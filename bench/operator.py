@@ -31,10 +31,8 @@ import yaml
 from kubernetes import client, config, watch
 
 from tailor.devcluster import cluster
+from tailor.devcluster.simulated import published_results
 from tailor.operator import api as model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
-from cmodels import results
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
@@ -60,7 +58,7 @@ def manifest(index: int) -> dict[str, Any]:
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": f"m{index:03d}", "namespace": NAMESPACE}
     spec = body["spec"]
-    spec["jobs"] = {"podAnnotations": results()}
+    spec["jobs"] = {"podAnnotations": published_results()}
     spec["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
          "concurrency": {"total": 8}},

@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tailor.devcluster.demo import Demo, summary
+    from tailor.devcluster.demo import Demo, render, summary
     from tailor.devcluster.log import log
 
     demo = Demo(out=args.out, preset=args.preset, timeout_s=args.timeout)
@@ -20,34 +20,12 @@ def _demo(args: argparse.Namespace) -> int:
     names = demo.apply()
     bodies = demo.follow(names)
     answer = demo.ask(names[0], "local")
-    report = summary(bodies, demo.artifacts(names[0]), answer, time.monotonic() - demo.started)
+    report = summary(bodies, demo.artifacts(bodies[names[0]]), answer, time.monotonic() - demo.started)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
     log(f"wrote {args.out / 'summary.json'} and {args.out / 'pareto.png'} in {report['seconds']:.0f}s")
     return 0
-
-
-def render(report: dict[str, Any]) -> str:
-    """The summary as a person reads it."""
-    parent, child, quant = report["parent"] or {}, report["child"] or {}, report["quantization"]
-    quality = report["quality"] or {}
-    lines = ["", f"== {report['model']}: compressed, quantized and served on this CPU ==",
-             f"  parameters       {parent.get('params', 0) / 1e6:.1f}M -> {child.get('params', 0) / 1e6:.1f}M",
-             f"  weight bytes     {json.dumps(quant)}",
-             f"  quality retained {quality.get('retention', 0):.3f} ({quality.get('metric')}: parent "
-             f"{quality.get('parentScore', 0):.4f}, child {quality.get('childScore', 0):.4f})",
-             f"  answer           {report['answer']['prompt']}{report['answer']['answer']!r}",
-             "", "== sizing per GPU pool ==",
-             f"  {'model':<22} {'pool':<8} {'GPU':<24} {'GPUs/replica':>12} {'per GPU':>8} {'replicas':>8}"]
-    for pool in report["pools"]:
-        if pool.get("skipped"):
-            lines.append(f"  {pool['model']:<22} {pool['name']:<8} skipped: {pool['skipped']}")
-        else:
-            lines.append(f"  {pool['model']:<22} {pool['name']:<8} {pool.get('gpuProduct', ''):<24} "
-                         f"{pool.get('gpusPerReplica', 0):>12} {pool.get('concurrencyPerGpu', 0):>8} "
-                         f"{pool.get('replicas', 0):>8}")
-    return "\n".join(lines)
 
 
 def add_parser(nouns: Any) -> None:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ from tailor.devcluster import build, cluster
 from tailor.devcluster.log import log
 from tailor.devcluster.simulated import published_results
 from tailor.operator import api as model
+from tailor.operator.stages import artifacts_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "tailor"
@@ -36,7 +38,7 @@ CHART_VALUES = Path(__file__).resolve().parent / "chart-values.yaml"
 EXAMPLE = ROOT / "examples" / "smollm2-135m-cpu.yaml"
 REFERENCES = [ROOT / "examples" / "nemotron-super-h100.yaml", ROOT / "examples" / "nemotron-super-b200.yaml"]
 RELEASE, SYSTEM, NAMESPACE = "tailor", "tailor-system", "tailor-demo"
-PROMPT = "ROMEO:"
+PROMPT = "The capital of France is"
 # `--preset fast`: half the token budgets of the example (a lower-quality child, a shorter wait)
 FAST = {"distillation": {"blockwiseTokens": 2048, "globalTokens": 2048},
         "planOverrides": {"bldActivationTokens": 1024, "scoringTokens": 256, "evalTokens": 512}}
@@ -64,12 +66,13 @@ class Demo:
     def install(self) -> None:
         """The chart, as a user installs it; the CRD applied first, since Helm never upgrades a chart's CRDs."""
         layout = cluster.up()
-        self.api = config.new_client_from_config(config_file=str(layout.kubeconfig))
+        self.api = config.new_client_from_config(config_file=str(layout.kubeconfig))  # type: ignore[no-untyped-call]
         kubectl = build.ensure_binaries() / "kubectl"
         subprocess.run([str(kubectl), f"--kubeconfig={layout.kubeconfig}", "apply", "--server-side",
                         "--force-conflicts", "-f", str(CHART / "crds")], check=True, capture_output=True)
+        core: Any = client.CoreV1Api(self.api)
         for namespace in (SYSTEM, NAMESPACE):
-            self._ensure(lambda ns=namespace: client.CoreV1Api(self.api).create_namespace({"metadata": {"name": ns}}))
+            self._ensure(lambda ns=namespace: core.create_namespace({"metadata": {"name": ns}}))
         log(f"installing the chart {CHART.relative_to(ROOT)} as release {RELEASE} in {SYSTEM}, watching {NAMESPACE}")
         self.helm("upgrade", "--install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(CHART_VALUES),
                   "--set", f"watchNamespaces={{{NAMESPACE}}}", "--wait", "--timeout", "180s")
@@ -89,7 +92,7 @@ class Demo:
         from tailor.compressor.sources import fetch_parent
 
         parent = fetch_parent()
-        core = client.CoreV1Api(self.api)
+        core: Any = client.CoreV1Api(self.api)
         self._ensure(lambda: core.create_namespaced_persistent_volume_claim(NAMESPACE, {
             "metadata": {"name": "models"},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}}}}))
@@ -101,7 +104,7 @@ class Demo:
 
     def claim_folder(self, claim: str, timeout_s: float = 30) -> Path:
         """The folder behind a claim (the devcluster provisions hostPath volumes on this machine)."""
-        core = client.CoreV1Api(self.api)
+        core: Any = client.CoreV1Api(self.api)
         deadline = time.monotonic() + timeout_s
         while not (volume := core.read_namespaced_persistent_volume_claim(claim, NAMESPACE).spec.volume_name):
             if time.monotonic() > deadline:
@@ -113,7 +116,7 @@ class Demo:
 
     def objects(self) -> list[dict[str, Any]]:
         """The SmolLM2 example (with the preset), and the Nemotron references whose Jobs kwok finishes."""
-        example = yaml.safe_load(EXAMPLE.read_text())
+        example: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
         if self.preset == "fast":
             compression = example["spec"]["compression"]
             compression["distillation"] = FAST["distillation"]
@@ -154,9 +157,9 @@ class Demo:
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
-            found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            found: Any = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
                 model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, name)
-            return found
+            return dict(found)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -171,15 +174,19 @@ class Demo:
             bodies = {name: self.get(name) or {} for name in names}
             for name, body in bodies.items():
                 status = body.get("status") or {}
-                stage = next((s for s in reversed(status.get("stages") or []) if s.get("state") == "Running"), {})
+                stage: dict[str, Any] = next((s for s in reversed(status.get("stages") or [])
+                                              if s.get("state") == "Running"), {})
                 line = f"{status.get('phase', 'Pending')}" + (f" ({stage['jobName']}: {stage.get('message', '')})"
                                                              if stage else "")
                 if said.get(name) != line:
                     log(f"{name}: {line}")
                     said[name] = line
                 if status.get("phase") == "Failed":
-                    failed = next((c for c in status.get("conditions", []) if c["type"] == "Failed"), {})
-                    raise RuntimeError(f"{name} failed: {failed.get('reason')}: {failed.get('message')}")
+                    failed: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Failed"),
+                                                  {})
+                    reason, message = failed.get("reason", ""), failed.get("message", "")
+                    text = message if message.startswith(reason) else f"{reason}: {message}"
+                    raise RuntimeError(f"{name} failed: {text}\n(kubectl describe cmodel -n {NAMESPACE} {name})")
             self.stream_logs(offsets)
             if all((b.get("status") or {}).get("phase") == "Ready" for b in bodies.values()):
                 return bodies
@@ -188,24 +195,26 @@ class Demo:
             time.sleep(2)
 
     def stream_logs(self, offsets: dict[Path, int]) -> None:
-        """New lines of the stage pods' logs on the executor node (a kubelet would serve `kubectl logs`)."""
+        """New lines of the namespace's pod logs on the executor node (a kubelet would serve `kubectl logs`)."""
         pods = cluster.Layout(cluster.state_dir()).root / "executor" / "pods"
-        for output in sorted(pods.glob(f"{NAMESPACE}_*/*/output.log"), key=lambda p: p.stat().st_mtime):
-            if "-g" not in output.parent.parent.name:  # stage Jobs and Triton revisions are named <model>-g<N>-...
-                continue
-            with output.open("rb") as stream:
-                stream.seek(offsets.get(output, 0))
-                text = stream.read()
-                offsets[output] = stream.tell()
-            for line in text.decode(errors="replace").splitlines():
-                if line.strip():
-                    print(f"  {output.parent.name:>9} | {line.rstrip()[-150:]}", flush=True)
+        found: list[Any] = client.CoreV1Api(self.api).list_namespaced_pod(NAMESPACE).items
+        for pod in found:
+            meta = pod.metadata
+            for output in sorted((pods / f"{NAMESPACE}_{meta.name}_{meta.uid[:8]}").glob("*/output.log")):
+                with output.open("rb") as stream:
+                    stream.seek(offsets.get(output, 0))
+                    text = stream.read()
+                    offsets[output] = stream.tell()
+                for line in text.decode(errors="replace").splitlines():
+                    if line.strip():
+                        print(f"  {output.parent.name:>9} | {line.rstrip()[-150:]}", flush=True)
 
     # --- the answer and the summary -----------------------------------------------------------------
 
     def ask(self, name: str, pool: str) -> dict[str, Any]:
         from tailor.compressor.serving.client import infer
 
+        pod: Any
         (pod,) = client.CoreV1Api(self.api).list_namespaced_pod(
             NAMESPACE, label_selector=f"tailor.dev/model={name},tailor.dev/pool={pool}").items
         ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
@@ -215,9 +224,10 @@ class Demo:
         log(f"Triton ({pod.metadata.name}) answered in {seconds:.1f}s:\n\n{PROMPT}{answer.text}\n")
         return {"prompt": PROMPT, "answer": answer.text, "tokens": len(answer.ids), "seconds": round(seconds, 2)}
 
-    def artifacts(self, name: str) -> dict[str, Any]:
+    def artifacts(self, body: dict[str, Any]) -> dict[str, Any]:
         """The compression report and quantization report the Jobs left on the artifacts claim."""
-        build_dir = self.claim_folder(f"{name}-artifacts") / name / "g1"
+        name = body["metadata"]["name"]
+        build_dir = self.claim_folder(f"{name}-artifacts") / artifacts_folder(body) / "g1"
         report = json.loads((build_dir / "compress" / "report.json").read_text())
         quantized = json.loads((build_dir / "quantized" / "quantization.json").read_text())
         self.out.mkdir(parents=True, exist_ok=True)
@@ -227,23 +237,72 @@ class Demo:
         return {"compression": report, "quantization": quantized, "pareto": pareto is not None}
 
 
+def _seconds(stage: dict[str, Any]) -> float | None:
+    if not stage.get("startedAt") or not stage.get("completedAt"):
+        return None
+    start, end = (datetime.datetime.fromisoformat(stage[key].replace("Z", "+00:00"))
+                  for key in ("startedAt", "completedAt"))
+    return (end - start).total_seconds()
+
+
 def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer: dict[str, Any],
             seconds: float) -> dict[str, Any]:
-    """What the demo shows, as JSON."""
+    """What the demo shows, as JSON: before/after from the Jobs' reports, the gate from the status, the answer,
+    and every pool's sizing."""
     local = next(b for b in bodies.values() if b["spec"]["compression"]["targetGPU"] == "cpu")
     report, quantized = artifacts["compression"], artifacts["quantization"]
-    status = local["status"]
-    pools = [{"model": name, **pool} for name, body in bodies.items() for pool in body["status"].get("pools", [])]
+    parent, child = report["parent"], report["child"]
     return {
         "seconds": round(seconds, 1),
         "model": local["metadata"]["name"],
-        "parent": report.get("parent"),
-        "child": report.get("child"),
-        "quantization": {k: quantized.get(k) for k in ("recipe", "weight_bytes_before", "weight_bytes_after",
-                                                       "perplexity_before", "perplexity_after",
-                                                       "kl_to_unquantized") if k in quantized} or quantized,
-        "quality": status.get("quality"),
-        "stages": status.get("stages"),
+        "parent": {"params": parent["params"], "bf16_bytes": 2 * parent["params"],
+                   "decode_tokens_per_second": parent["decode_tokens_per_second"],
+                   "perplexity": parent["quality"]["perplexity"]},
+        "child": {"params": child["params"], "bf16_bytes": 2 * child["params"], "pattern": child["pattern"],
+                  "decode_tokens_per_second": child["decode_tokens_per_second"],
+                  "perplexity": child["quality"]["perplexity"], "kl_to_parent": report["kl_to_parent"]},
+        "speedup": {"measured": report["measured_speedup"], "predicted": report["predicted_speedup"],
+                    "measured_on": report["measured_on"]},
+        "quantized": {"recipe": quantized["recipe"], "bytes": quantized["bytes_after"],
+                      "perplexity_before": quantized["unquantized"]["quality"]["perplexity"],
+                      "perplexity_after": quantized["quantized"]["quality"]["perplexity"],
+                      "kl_to_unquantized": quantized["quantized"]["quality"]["kl"]},
+        "quality_gate": local["status"].get("quality"),
+        "stage_seconds": {s["name"]: _seconds(s) for s in local["status"].get("stages", [])},
         "answer": answer,
-        "pools": pools,
+        "pools": [{"model": name, "contextLength": body["spec"]["deployment"]["contextLength"], **pool}
+                  for name, body in bodies.items() for pool in body["status"].get("pools", [])],
     }
+
+
+def render(report: dict[str, Any]) -> str:
+    """The summary as a person reads it."""
+    parent, child, quant, gate = report["parent"], report["child"], report["quantized"], report["quality_gate"]
+    speed = report["speedup"]
+    stages = ", ".join(f"{name} {s:.0f}s" for name, s in report["stage_seconds"].items() if s is not None)
+    lines = [
+        "", f"== {report['model']}: compressed, quantized, gated and served on this machine ==",
+        f"  parameters      {parent['params'] / 1e6:.1f}M -> {child['params'] / 1e6:.1f}M ({child['pattern']})",
+        f"  weights         {parent['bf16_bytes'] / 1e6:.1f} MB (BF16) -> {child['bf16_bytes'] / 1e6:.1f} MB (BF16) "
+        f"-> {quant['bytes'] / 1e6:.1f} MB ({quant['recipe']})",
+        f"  decode speed    {parent['decode_tokens_per_second']:.1f} -> {child['decode_tokens_per_second']:.1f} "
+        f"tokens/s: {speed['measured']:.2f}x measured ({speed['predicted']:.2f}x predicted), {speed['measured_on']}",
+        f"  perplexity      Puzzle: {parent['perplexity']:.1f} -> {child['perplexity']:.1f} (KL to the parent "
+        f"{child['kl_to_parent']:.3f}); {quant['recipe']}: {quant['perplexity_before']:.1f} -> "
+        f"{quant['perplexity_after']:.1f} (KL {quant['kl_to_unquantized']:.3f}), each on its own held-out text",
+        f"  quality gate    retention {gate['retention']:.3f} of the parent's {gate['metric']} "
+        f"({gate['childScore']:.4f} / {gate['parentScore']:.4f}): {'passed' if gate['passed'] else 'FAILED'}",
+        f"  stages          {stages}",
+        f"  Triton answer   {report['answer']['prompt']}{report['answer']['answer']!r} "
+        f"({report['answer']['tokens']} tokens in {report['answer']['seconds']:.1f}s)",
+        "", "== Triton sizing per node pool (the operator's, from each child's architecture) ==",
+        f"  {'model':<20} {'pool':<6} {'GPU':<24} {'context':>8} {'GPUs/replica':>12} {'requests/GPU':>12} "
+        f"{'replicas':>8}"]
+    for pool in report["pools"]:
+        if pool.get("skipped"):
+            lines.append(f"  {pool['model']:<20} {pool['name']:<6} skipped: {pool['skipped']}")
+        else:
+            lines.append(f"  {pool['model']:<20} {pool['name']:<6} {pool.get('gpuProduct', ''):<24} "
+                         f"{pool['contextLength']:>8} {pool.get('gpusPerReplica', 0):>12} "
+                         f"{pool.get('concurrencyPerGpu', 0):>12} {pool.get('replicas', 0):>8}")
+    return "\n".join(lines)

@@ -80,6 +80,7 @@ class Container:
     started_at: str | None = None
     finished_at: str | None = None
     exited_monotonic: float = 0.0
+    probed_monotonic: float = 0.0
 
     @property
     def message_file(self) -> Path:
@@ -152,7 +153,9 @@ class Executor:
         for claim in claims:
             if claim.status.phase != "Pending" or claim.spec.volume_name:
                 continue
-            folder = self.state / "volumes" / claim.metadata.namespace / claim.metadata.name
+            # a new folder per claim (by uid), as a dynamic provisioner gives a new claim an empty volume
+            meta = claim.metadata
+            folder = self.state / "volumes" / meta.namespace / f"{meta.name}-{meta.uid[:8]}"
             folder.mkdir(parents=True, exist_ok=True)
             volume: Any = {"apiVersion": "v1", "kind": "PersistentVolume",
                       "metadata": {"name": f"pvc-{claim.metadata.uid}",
@@ -295,10 +298,11 @@ class Executor:
 
     def _renew(self, local: LocalPod, token: Token) -> None:
         """Request a token bound to the pod, as a kubelet does, and write it where the pod reads it."""
-        request: Any = self.core.create_namespaced_service_account_token(token.service_account, local.namespace, {
-            "spec": {"audiences": [token.audience] if token.audience else None,
-                     "expirationSeconds": token.expiration_s,
-                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": local.name, "uid": local.uid}}})
+        body: Any = {"spec": {"audiences": [token.audience] if token.audience else None,
+                              "expirationSeconds": token.expiration_s,
+                              "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": local.name,
+                                                 "uid": local.uid}}}
+        request: Any = self.core.create_namespaced_service_account_token(token.service_account, local.namespace, body)
         staged = token.file.with_name(f".{token.file.name}.tmp")
         staged.write_text(request.status.token)
         staged.replace(token.file)
@@ -355,8 +359,11 @@ class Executor:
                     time.monotonic() - container.exited_monotonic > RESTART_DELAY_S:
                 container.restarts += 1
                 self._launch(local, container)
-            if container.exit_code is None:
+            probe = container.spec.get("readinessProbe") or {}
+            if container.exit_code is None and (not container.ready or time.monotonic() - container.probed_monotonic
+                                                >= probe.get("periodSeconds", 10)):
                 container.ready = self._probe(local, container.spec.get("readinessProbe"))
+                container.probed_monotonic = time.monotonic()
 
     @staticmethod
     def _restarts(local: LocalPod, container: Container) -> bool:

@@ -28,7 +28,7 @@ def load_config() -> client.Configuration:
     if os.environ.get("KUBERNETES_SERVICE_HOST") and (folder / "token").exists():
         loader = config.incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
             token_filename=str(folder / "token"), cert_filename=str(folder / "ca.crt"), try_refresh_token=True)
-        loader.load_and_set()
+        loader.load_and_set()  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     return client.Configuration.get_default_copy()

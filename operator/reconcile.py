@@ -56,6 +56,7 @@ from tailor.operator.pools import PoolPlan, plan_pools
 from tailor.operator.stages import (
     PLAN_FILE,
     InvalidPlan,
+    artifacts_folder,
     compress_args,
     compression_plan,
     evaluate_args,
@@ -255,9 +256,10 @@ class Pass:
             raise StageFailed(progress.message.split(":", 1)[0] if progress.message else "StageFailed",
                               progress.message or f"{name} failed")
         command = STAGE_COMMANDS[name]
-        args = {"compress": lambda: compress_args(self.name, self.build),
-                "quantize": lambda: quantize_args(spec, self.name, self.build, self.settings.catalog),
-                "evaluate": lambda: evaluate_args(spec, self.name, self.build, self.settings.catalog)}[command]()
+        folder = artifacts_folder(self.body)
+        args = {"compress": lambda: compress_args(folder, self.build),
+                "quantize": lambda: quantize_args(spec, folder, self.build, self.settings.catalog),
+                "evaluate": lambda: evaluate_args(spec, folder, self.build, self.settings.catalog)}[command]()
         message = self.job(spec, command, self.build, args, claim, progress)
         if message is None:
             return False
@@ -403,8 +405,9 @@ class Pass:
             progress.state, progress.message = "Failed", f"NoPoolFits: {skipped}"
             raise StageFailed("NoPoolFits", f"no pool can serve the model: {skipped}")
         if not ready:
-            progress.message = "waiting for " + ", ".join(p.name for p in pools if not p.skipped and
-                                                          p.revision != f"g{self.generation}")
+            progress.message = "waiting for " + ", ".join(
+                p.name for p in pools if not p.skipped and (p.revision != f"g{self.generation}"
+                                                             or (p.ready_replicas or 0) < (p.replicas or 1)))
             self.condition("Deployed", False, "RevisionNotReady", progress.message)
             return self.outcome("Deploying")
         if self.status.serving_generation != self.generation:
@@ -436,16 +439,17 @@ class Pass:
                 self.retire(plan.name, keep=revision)
             return status, ready
         package = self.job(spec, "package", self.generation,
-                           package_args(spec, self.name, self.build, self.generation, plan, self.settings.catalog),
+                           package_args(spec, self.name, artifacts_folder(self.body), self.build, self.generation,
+                                        plan, self.settings.catalog),
                            claim, self.stage("Deploy"), suffix=plan.name)
         if package is None:
             return status, False
         ready, replicas = self.revision_ready(plan.name)
         if replicas is None:  # no Deployment yet: create the revision
             self.ensure_service_account(self.settings.serving_service_account)
-            for manifest in manifests(self.body, plan, spec.deployment, claim,
-                                      f"{repository(self.name, self.generation, plan.name)}/repository",
-                                      self.generation, self.settings.serving_service_account):
+            served = f"{repository(artifacts_folder(self.body), self.generation, plan.name)}/repository"
+            for manifest in manifests(self.body, plan, spec.deployment, claim, served, self.generation,
+                                      self.settings.serving_service_account):
                 _, created = self.kube.ensure(self.owner, manifest)
                 if created and manifest["kind"] == "Deployment":
                     self.event("RevisionCreated", f"created Deployment {manifest['metadata']['name']}: "

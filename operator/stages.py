@@ -134,49 +134,57 @@ def compression_plan(spec: CompressedModelSpec, catalog: GpuCatalog) -> dict[str
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence in `tailor quantize` (QuantJob.seq_len)
 
 
-def build_dir(name: str, build: int) -> str:
-    return f"{ARTIFACTS}/{name}/g{build}"
+def artifacts_folder(model: dict[str, Any]) -> str:
+    """The object's folder on the artifacts claim: its name and uid, so that a claim kept (deletionPolicy
+    Retain) for a deleted object is never mistaken for a new object's of the same name."""
+    meta = model["metadata"]
+    return f"{meta['name']}-{meta['uid'][:8]}"
 
 
-def compress_args(name: str, build: int) -> list[str]:
-    return ["compress", "--config", f"{PLAN}/{PLAN_FILE}", "--out", f"{build_dir(name, build)}/compress",
+def build_dir(folder: str, build: int) -> str:
+    return f"{ARTIFACTS}/{folder}/g{build}"
+
+
+def compress_args(folder: str, build: int) -> list[str]:
+    return ["compress", "--config", f"{PLAN}/{PLAN_FILE}", "--out", f"{build_dir(folder, build)}/compress",
             "--result-file", RESULT_FILE]
 
 
-def checkpoint(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> str:
+def checkpoint(spec: CompressedModelSpec, folder: str, build: int, catalog: GpuCatalog) -> str:
     """The checkpoint that is evaluated and served: the quantized one, or the BF16 child."""
     if not quantizes(spec, catalog):
-        return f"{build_dir(name, build)}/compress/child"
-    return f"{build_dir(name, build)}/quantized"
+        return f"{build_dir(folder, build)}/compress/child"
+    return f"{build_dir(folder, build)}/quantized"
 
 
-def quantize_args(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> list[str]:
+def quantize_args(spec: CompressedModelSpec, folder: str, build: int, catalog: GpuCatalog) -> list[str]:
     fmt = spec.quantization.precision  # auto, nvfp4 or fp8; `none` has no quantization Job
-    return ["quantize", "--model", f"{build_dir(name, build)}/compress/child", "--out",
-            checkpoint(spec, name, build, catalog),
+    return ["quantize", "--model", f"{build_dir(folder, build)}/compress/child", "--out",
+            checkpoint(spec, folder, build, catalog),
             "--format", fmt, "--gpu", spec.compression.target_gpu.value,
             "--kv-cache", kv_cache_dtype(spec, catalog).value, "--parent", parent_location(spec)[0],
             "--calibration-tokens", str(spec.quantization.calibration_samples * CALIBRATION_WINDOW),
             "--eval-tokens", str(spec.compression.quality_tokens), "--result-file", RESULT_FILE]
 
 
-def evaluate_args(spec: CompressedModelSpec, name: str, build: int, catalog: GpuCatalog) -> list[str]:
-    return ["evaluate", "--model", checkpoint(spec, name, build, catalog), "--parent", parent_location(spec)[0],
+def evaluate_args(spec: CompressedModelSpec, folder: str, build: int, catalog: GpuCatalog) -> list[str]:
+    return ["evaluate", "--model", checkpoint(spec, folder, build, catalog), "--parent", parent_location(spec)[0],
             "--min-retention", str(spec.compression.min_quality_retention),
             "--eval-tokens", str(spec.compression.quality_tokens), "--result-file", RESULT_FILE]
 
 
-def repository(name: str, generation: int, pool: str) -> str:
+def repository(folder: str, generation: int, pool: str) -> str:
     """The pool's package folder, relative to the claim's root."""
-    return f"{name}/g{generation}/triton-{pool}"
+    return f"{folder}/g{generation}/triton-{pool}"
 
 
-def package_args(spec: CompressedModelSpec, name: str, build: int, generation: int, plan: PoolPlan,
+def package_args(spec: CompressedModelSpec, name: str, folder: str, build: int, generation: int, plan: PoolPlan,
                  catalog: GpuCatalog) -> list[str]:
+    """`tailor package` of the build's checkpoint for a pool, served under the object's `name`."""
     assert plan.gpu_profile is not None and plan.concurrency_per_replica is not None
     assert spec.deployment is not None
-    return ["package", "--model", checkpoint(spec, name, build, catalog), "--out",
-            f"{ARTIFACTS}/{repository(name, generation, plan.name)}", "--name", name, "--gpu", plan.gpu_profile,
+    return ["package", "--model", checkpoint(spec, folder, build, catalog), "--out",
+            f"{ARTIFACTS}/{repository(folder, generation, plan.name)}", "--name", name, "--gpu", plan.gpu_profile,
             "--context", str(spec.deployment.context_length),
             "--max-batch-size", str(min(plan.concurrency_per_replica, 64)),
             "--tensor-parallel", str(plan.tensor_parallel)]

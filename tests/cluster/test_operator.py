@@ -56,7 +56,8 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     deployment = apps.read_namespaced_deployment("super-h100-g1", namespace)
     container = deployment.spec.template.spec.containers[0]
     assert container.resources.requests["nvidia.com/gpu"] == "1"
-    assert container.args[0] == "--model-repository=/models/super/g1/triton-h100/repository"
+    folder = f"super-{ready['metadata']['uid'][:8]}"  # the object's own folder on the claim
+    assert container.args[0] == f"--model-repository=/models/{folder}/g1/triton-h100/repository"
     assert core.read_namespaced_service("super-h100", namespace).spec.selector["tailor.dev/revision"] == "g1"
     hpa = client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler("super-h100-g1", namespace)
     assert hpa.spec.max_replicas == 8

@@ -65,14 +65,15 @@ def test_absolute_parameter_caps_become_shares_of_the_parent() -> None:
 def test_stage_arguments_and_what_changes_the_build() -> None:
     spec = example().spec
     assert quantizes(spec, CATALOG)
-    args = quantize_args(spec, "m", 2, CATALOG)
-    assert args[:5] == ["quantize", "--model", "/artifacts/m/g2/compress/child", "--out", "/artifacts/m/g2/quantized"]
+    args = quantize_args(spec, "m-1a2b3c4d", 2, CATALOG)
+    assert args[:5] == ["quantize", "--model", "/artifacts/m-1a2b3c4d/g2/compress/child", "--out",
+                        "/artifacts/m-1a2b3c4d/g2/quantized"]
     assert args[args.index("--format") + 1] == "nvfp4" and args[args.index("--kv-cache") + 1] == "fp8"
-    assert evaluate_args(spec, "m", 2, CATALOG)[2] == "/artifacts/m/g2/quantized"
+    assert evaluate_args(spec, "m-1a2b3c4d", 2, CATALOG)[2] == "/artifacts/m-1a2b3c4d/g2/quantized"
     cpu = CompressedModel.model_validate({"apiVersion": "tailor.dev/v1alpha1", "kind": "CompressedModel", "spec": {
         "source": {"uri": "pvc://models/toy"}, "compression": {"targetGPU": "cpu", "throughputFactor": 1.2}}})
     assert not quantizes(cpu.spec, CATALOG)  # auto on a device without FP8: the BF16 child is served
-    assert evaluate_args(cpu.spec, "m", 1, CATALOG)[2] == "/artifacts/m/g1/compress/child"
+    assert evaluate_args(cpu.spec, "m-1a2b3c4d", 1, CATALOG)[2] == "/artifacts/m-1a2b3c4d/g1/compress/child"
     base = fingerprint(spec)
     assert fingerprint(example().spec.model_copy(update={"deployment": None})) == base
     assert fingerprint(example(rounds=2).spec) != base
