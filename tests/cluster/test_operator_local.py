@@ -65,7 +65,8 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     assert len(answer.ids) == 8 and answer.text
 
     OBJECTS.delete(objects, namespace, "toy")  # deletionPolicy Delete: the artifacts claim goes with it
-    wait_for("the pods to stop", lambda: not core.list_namespaced_pod(namespace).items, timeout_s=90)
+    wait_for("the model's pods to stop", lambda: not core.list_namespaced_pod(
+        namespace, label_selector="tailor.dev/model=toy").items, timeout_s=90)
 
     def claim_deleted() -> bool:
         try:
