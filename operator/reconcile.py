@@ -200,10 +200,11 @@ class Pass:
         assert self.status.build is not None
         return self.status.build.generation
 
-    def ensure_claim(self, spec: CompressedModelSpec) -> None:
-        """The artifacts claim, created before the first Job that needs it (unless it is an existingClaim)."""
+    def ensure_claim(self, spec: CompressedModelSpec) -> str | None:
+        """The artifacts claim, created before the first Job that needs it (unless it is an existingClaim); why
+        to wait instead, while a claim of that name from a deleted object is still going away."""
         if spec.storage.existing_claim is not None:
-            return
+            return None
         name = f"{self.name}-artifacts"
         claim: dict[str, Any] = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -215,6 +216,11 @@ class Pass:
             claim["spec"]["storageClassName"] = spec.storage.storage_class_name
         if self.kube.create(self.owner, claim) is not None:
             self.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
+            return None
+        existing = self.kube.get(self.owner, "PersistentVolumeClaim", self.namespace, name)
+        if existing is None or existing["metadata"].get("deletionTimestamp"):
+            return f"waiting for PersistentVolumeClaim {name}, being deleted, to go before creating it anew"
+        return None
 
     def ensure_service_account(self, name: str) -> None:
         """A ServiceAccount for the stage or Triton pods of this namespace: no API token is mounted and no role
@@ -273,7 +279,9 @@ class Pass:
         name = job_name(self.body, generation, stage, suffix)
         job = self.kube.get(self.owner, "Job", self.namespace, name)
         if job is None:
-            self.ensure_claim(spec)
+            if waiting := self.ensure_claim(spec):
+                progress.message = waiting
+                return None
             self.ensure_service_account(self.settings.job_service_account)
             plan_map = self.plan_config_map(spec)
             _, source_claim = parent_location(spec)

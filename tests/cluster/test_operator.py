@@ -178,3 +178,33 @@ def _running_compress_pod(core: client.CoreV1Api, namespace: str) -> str:
     name: str = wait_for("the compression pod to run", running, timeout_s=60)
     return name
 
+
+
+def test_recreated_object_waits_for_its_old_claim_to_go(api: client.ApiClient, namespace: str,
+                                                        operator: Any) -> None:
+    """Deleted with deletionPolicy Delete and created again at once: while the old claim is still being deleted
+    (a pod uses it), the new object starts no Job; then it gets a claim of its own and reaches Ready."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    body = example("r", published_results())
+    body["spec"]["storage"] = {"deletionPolicy": "Delete"}
+    OBJECTS.create(objects, namespace, body)
+    wait_phase(objects, namespace, "r", "Ready", operator)
+    old = core.read_namespaced_persistent_volume_claim("r-artifacts", namespace).metadata.uid
+    core.create_namespaced_pod(namespace, {  # keeps the claim in use, so its deletion waits (pvc-protection)
+        "metadata": {"name": "reader"},
+        "spec": {"nodeSelector": {"type": "kwok"}, "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "a", "mountPath": "/a"}]}],
+                 "volumes": [{"name": "a", "persistentVolumeClaim": {"claimName": "r-artifacts"}}]}})
+    wait_for("the reader to run", lambda: core.read_namespaced_pod("reader", namespace).status.phase == "Running")
+    OBJECTS.delete(objects, namespace, "r")
+    wait_for("the CompressedModel to go", lambda: not cmodel(objects, namespace, "r"), timeout_s=60)
+    assert core.read_namespaced_persistent_volume_claim("r-artifacts", namespace).metadata.deletion_timestamp
+
+    OBJECTS.create(objects, namespace, body)
+    waiting = wait_for("the new object to wait for the claim", lambda: next(
+        (s for s in ((cmodel(objects, namespace, "r") or {}).get("status") or {}).get("stages", [])
+         if "being deleted" in (s.get("message") or "")), None), timeout_s=60)
+    assert waiting["name"] == "Compress" and not jobs(api, namespace)
+    core.delete_namespaced_pod("reader", namespace, grace_period_seconds=0)
+    wait_phase(objects, namespace, "r", "Ready", operator, timeout_s=120)
+    assert core.read_namespaced_persistent_volume_claim("r-artifacts", namespace).metadata.uid != old
