@@ -41,8 +41,9 @@ RELEASE, SYSTEM, NAMESPACE = "tailor", "tailor-system", "tailor-demo"
 PROMPT = "The capital of France is"
 # `--preset fast`: half the token budgets of the example, so a shorter wait and a child that keeps less of
 # the parent (about 0.8 of its accuracy here, against 0.88-0.92 by default): its floor is 0.6
-FAST = {"minQualityRetention": 0.6, "distillation": {"blockwiseTokens": 2048, "globalTokens": 2048},
-        "planOverrides": {"bldActivationTokens": 1024, "scoringTokens": 256, "evalTokens": 512}}
+FAST: dict[str, Any] = {
+    "minQualityRetention": 0.6, "distillation": {"blockwiseTokens": 2048, "globalTokens": 2048},
+    "planOverrides": {"bldActivationTokens": 1024, "scoringTokens": 256, "evalTokens": 512}}
 
 
 @dataclass
