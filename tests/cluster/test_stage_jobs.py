@@ -11,7 +11,7 @@ import yaml
 from kubernetes import client, utils
 
 from tailor.operator import api as model
-from tailor.operator.jobs import JobSettings, job_name, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, job_name, stage_job
 
 from conftest import REPO, wait_for
 
@@ -20,7 +20,8 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 @pytest.fixture
 def owner(api: client.ApiClient, namespace: str) -> Iterator[dict[str, Any]]:
-    """A CompressedModel, its artifacts claim bound to a static volume, and its plan ConfigMap."""
+    """A CompressedModel, its artifacts claim bound to a static volume, its plan ConfigMap, and the stage pods'
+    ServiceAccount (all of which the operator creates)."""
     body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"]["namespace"] = namespace
     created: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -33,6 +34,8 @@ def owner(api: client.ApiClient, namespace: str) -> Iterator[dict[str, Any]]:
         "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}, "storageClassName": "",
         "volumeName": f"{namespace}-artifacts"}})
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "plan"}, "data": {"plan.yaml": "{}"}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": JOB_SERVICE_ACCOUNT},
+                                                       "automountServiceAccountToken": False})
     wait_for("the claim to bind", lambda: core.read_namespaced_persistent_volume_claim(
         "artifacts", namespace).status.phase == "Bound")
     yield created
