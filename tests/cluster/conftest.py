@@ -118,10 +118,10 @@ def _served(api: client.ApiClient) -> bool:
 class OperatorProcess:
     """`tailor operator` as a subprocess watching one namespace, as it runs in a cluster; killable."""
 
-    def __init__(self, layout: cluster.Layout, namespace: str, log: Path, kubeconfig: Path) -> None:
+    def __init__(self, namespace: str, log: Path, kubeconfig: Path) -> None:
         import socket
 
-        self.layout, self.namespace, self.log, self.kubeconfig = layout, namespace, log, kubeconfig
+        self.namespace, self.log, self.kubeconfig = namespace, log, kubeconfig
         self.process: subprocess.Popen[bytes] | None = None
         sockets = [socket.socket() for _ in range(2)]
         for s in sockets:
@@ -203,7 +203,7 @@ def operator(devcluster: cluster.Layout, crd: None, api: client.ApiClient, names
     chart's permissions); afterwards its CompressedModels are deleted through it (their finalizers need it),
     so the namespace can go."""
     kubeconfig = service_account_kubeconfig(api, devcluster, namespace, chart_rbac, tmp_path / "kubeconfig")
-    running = OperatorProcess(devcluster, namespace, tmp_path / "operator.log", kubeconfig).start()
+    running = OperatorProcess(namespace, tmp_path / "operator.log", kubeconfig).start()
     yield running
     if running.process is None or running.process.poll() is not None:
         running.start()
