@@ -237,11 +237,12 @@ def _admin_tls(pki: Pki) -> ssl.SSLContext:
     return context
 
 
-def _kubectl(bin_dir: Path, layout: Layout, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run([str(bin_dir / "kubectl"), f"--kubeconfig={layout.kubeconfig}", *args],
+def tool(name: str, bin_dir: Path, layout: Layout, *args: str, stdin: str | None = None) -> str:
+    """Run the devcluster's kubectl or helm against it as admin; its output, or an error with its stderr."""
+    result = subprocess.run([str(bin_dir / name), f"--kubeconfig={layout.kubeconfig}", *args],
                             input=stdin, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        raise RuntimeError(f"{name} {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
 
 
@@ -285,10 +286,10 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
                 log(f"{component} ready")
 
         nodes = node_manifests(pools)
-        _kubectl(bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
+        tool("kubectl", bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
                  stdin=yaml.safe_dump_all(nodes))
         log(f"applied {len(nodes)} nodes from {pools_file}; waiting for kwok to make them Ready")
-        _kubectl(bin_dir, layout, "wait", "--for=condition=Ready", "--timeout=120s",
+        tool("kubectl", bin_dir, layout, "wait", "--for=condition=Ready", "--timeout=120s",
                  *[f"node/{node['metadata']['name']}" for node in nodes])
     except BaseException:
         _stop(layout, [name for name in reversed(COMPONENTS) if name in started])
@@ -299,7 +300,7 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
 
 def _has_default_service_account(bin_dir: Path, layout: Layout) -> bool:
     try:
-        _kubectl(bin_dir, layout, "get", "serviceaccount", "default", "--namespace=default")
+        tool("kubectl", bin_dir, layout, "get", "serviceaccount", "default", "--namespace=default")
     except RuntimeError:
         return False
     return True
@@ -343,9 +344,9 @@ def status() -> dict[str, Any]:
     }
     if report["components"]["kube-apiserver"]["running"]:
         bin_dir = ensure_binaries()
-        version = yaml.safe_load(_kubectl(bin_dir, layout, "version", "-o", "yaml"))
+        version = yaml.safe_load(tool("kubectl", bin_dir, layout, "version", "-o", "yaml"))
         report["serverVersion"] = version.get("serverVersion", {}).get("gitVersion")
-        nodes = yaml.safe_load(_kubectl(bin_dir, layout, "get", "nodes", "-o", "yaml"))["items"]
+        nodes = yaml.safe_load(tool("kubectl", bin_dir, layout, "get", "nodes", "-o", "yaml"))["items"]
         report["nodes"] = {
             "total": len(nodes),
             "ready": sum(1 for node in nodes for c in node["status"].get("conditions", [])
