@@ -21,16 +21,19 @@ written last, so a folder without it is not a finished run.
 
 
 def _compress(args: argparse.Namespace) -> int:
+    from tailor.cli.plans import needs, write_results
+    from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.puzzle.pipeline import compress
     from tailor.compressor.puzzle.plan import Plan
+    from tailor.compressor.puzzle.report import compress_result
 
-    report = compress(Plan.load(args.config), args.out)
+    build = BuildPlan.load(args.plan) if args.plan else None
+    if build is None:
+        needs(args, "config", "out")
+    plan, out = (build.puzzle, Path(build.layout.compress_dir)) if build else (Plan.load(args.config), args.out)
+    report = compress(plan, out)
     if report is not None:  # None on the other ranks of a torchrun job
-        if args.result_file is not None:
-            from tailor.compressor.puzzle.report import compress_result
-            from tailor.compressor.results import write_result
-
-            write_result(compress_result(report, args.out / "child"), args.result_file)
+        write_results(compress_result(report, out / "child"), args.result_file, build, "compress")
         if args.json:
             print(report.model_dump_json(indent=2))
         else:
@@ -50,8 +53,11 @@ def _data(args: argparse.Namespace) -> int:
 def add_parsers(nouns: Any) -> None:
     compress = nouns.add_parser("compress", help="compress a model with (Iterative) Puzzle", epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    compress.add_argument("--config", type=Path, required=True, help="plan YAML (tailor.compressor.puzzle.plan.Plan)")
-    compress.add_argument("--out", type=Path, required=True, help="output folder; resumes from its saved stages")
+    source = compress.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="plan YAML (tailor.compressor.puzzle.plan.Plan)")
+    source.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read): its Puzzle plan, "
+                                                  "written to its layout's compress folder")
+    compress.add_argument("--out", type=Path, help="output folder (with --config); resumes from its saved stages")
     compress.add_argument("--json", action="store_true", help="print report.json instead of the summary")
     compress.add_argument("--result-file", type=Path, help="also write a short JSON result with the child's "
                                                            "config here (a Job's termination log)")

@@ -22,18 +22,31 @@ by computing from the exported packed weights (`tailor.compressor.quantize.nvfp4
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from tailor.compressor.hardware import GpuCatalog
+    from tailor.cli.plans import needs, write_results
+    from tailor.compressor.buildplan import BuildPlan
+    from tailor.compressor.hardware import GpuCatalog, GpuProfile
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
-    from tailor.compressor.results import write_result
+    from tailor.compressor.quantize.recipes import QuantFormat
 
-    gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
-    job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
-                      parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
-                      calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
+    plan = BuildPlan.load(args.plan) if args.plan else None
+    gpu: GpuProfile | None
+    if plan is not None:
+        if plan.quantize is None:
+            raise ValueError(f"{args.plan}: the build plan has no quantize step (precision {plan.precision.value})")
+        gpu = plan.catalog().get(plan.target_gpu)
+        job = QuantizeJob(model=Path(plan.layout.child), out=Path(plan.layout.quantized),
+                          format=QuantFormat(plan.quantize.format), kv_cache=plan.kv_cache_dtype,
+                          parent=resolve_parent(plan.parent), text=args.text,
+                          calibration_tokens=plan.quantize.calibration_tokens, eval_tokens=plan.quantize.eval_tokens)
+    else:
+        needs(args, "model", "out")
+        gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
+        job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
+                          parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
+                          calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
     report = run(job, gpu)
-    if args.result_file is not None:
-        write_result(report.result(), args.result_file)
+    write_results(report.result(), args.result_file, plan, "quantize")
     print(report.model_dump_json(indent=2) if args.json else report.markdown())
     return 0
 
@@ -53,14 +66,22 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from tailor.cli.plans import needs, write_results
+    from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.evaluation import evaluate
     from tailor.compressor.puzzle.pipeline import resolve_parent
-    from tailor.compressor.results import write_result
 
-    result = evaluate(resolve_parent(args.model), resolve_parent(args.parent), args.min_retention, args.text,
-                      eval_tokens=args.eval_tokens)
-    if args.result_file is not None:
-        write_result(result, args.result_file)
+    plan = BuildPlan.load(args.plan) if args.plan else None
+    gpu: GpuProfile | None
+    if plan is not None:
+        model, parent = plan.checkpoint, plan.parent
+        min_retention, eval_tokens = plan.evaluate.min_retention, plan.evaluate.eval_tokens
+    else:
+        needs(args, "model", "parent")
+        model, parent, min_retention, eval_tokens = args.model, args.parent, args.min_retention, args.eval_tokens
+    result = evaluate(resolve_parent(model), resolve_parent(parent), min_retention, args.text,
+                      eval_tokens=eval_tokens)
+    write_results(result, args.result_file, plan, "evaluate")
     print(result.model_dump_json(indent=2))
     verdict = "passed" if result.passed else "FAILED"
     print(f"quality gate {verdict}: retention {result.retention:.4f} (floor {result.min_retention})", file=sys.stderr)
@@ -73,8 +94,10 @@ def add_parser(nouns: Any) -> None:
 
     parser = nouns.add_parser("quantize", help="quantize a model (NVFP4, FP8) with modelopt and export it",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="model folder, or smollm2-135m / tiny-nemotron-h")
-    parser.add_argument("--out", type=Path, required=True, help="the quantized checkpoint folder to write")
+    parser.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read); it sets the "
+                                                  "model, output, format, KV cache, GPU, parent and token budgets")
+    parser.add_argument("--model", help="model folder, or smollm2-135m / tiny-nemotron-h")
+    parser.add_argument("--out", type=Path, help="the quantized checkpoint folder to write")
     parser.add_argument("--format", type=QuantFormat, choices=list(QuantFormat), default=QuantFormat.AUTO,
                         help="auto picks nvfp4 where the --gpu computes in it (Blackwell), else fp8")
     parser.add_argument("--kv-cache", type=KvDtype, choices=list(KvDtype), default=KvDtype.BF16,
@@ -98,8 +121,10 @@ def add_parser(nouns: Any) -> None:
     checkpoint.set_defaults(run=_checkpoint)
 
     gate = nouns.add_parser("evaluate", help="the quality gate: a child's next-token accuracy against its parent's")
-    gate.add_argument("--model", required=True, help="the child (a Puzzle child, quantized or not)")
-    gate.add_argument("--parent", required=True, help="the parent folder, or smollm2-135m / tiny-nemotron-h")
+    gate.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read): model, parent, "
+                                                "floor and tokens from it")
+    gate.add_argument("--model", help="the child (a Puzzle child, quantized or not)")
+    gate.add_argument("--parent", help="the parent folder, or smollm2-135m / tiny-nemotron-h")
     gate.add_argument("--min-retention", type=float, default=0.97, help="share of the parent's accuracy to keep")
     gate.add_argument("--text", default="shakespeare", help="held-out text source (as in tailor compress)")
     gate.add_argument("--eval-tokens", type=int, default=4096)

@@ -21,7 +21,7 @@ def _operator(args: argparse.Namespace) -> int:
 
     from tailor.compressor.hardware import GpuCatalog
     from tailor.operator import handlers
-    from tailor.operator.reconcile import OperatorSettings
+    from tailor.operator.settings import OperatorSettings
 
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     if not args.verbose:  # kopf logs every event handler it runs; keep warnings and errors
@@ -30,7 +30,11 @@ def _operator(args: argparse.Namespace) -> int:
                                         catalog=GpuCatalog.load(args.profiles),
                                         job_service_account=args.job_service_account,
                                         serving_service_account=args.serving_service_account,
-                                        image_pull_secrets=tuple(args.image_pull_secret or ())))
+                                        image_pull_secrets=tuple(args.image_pull_secret or ()),
+                                        image_prefixes=tuple(args.allowed_image_prefix
+                                                             or OperatorSettings.image_prefixes),
+                                        annotation_prefixes=tuple(args.allowed_annotation_prefix
+                                                                  or OperatorSettings.annotation_prefixes)))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     asyncio.run(kopf.operator(
@@ -40,7 +44,7 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def add_parser(nouns: Any) -> None:
-    from tailor.operator.reconcile import OperatorSettings
+    from tailor.operator.settings import OperatorSettings
 
     parser = nouns.add_parser("operator", help="run the CompressedModel operator (kopf)", epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +62,12 @@ def add_parser(nouns: Any) -> None:
                         help="ServiceAccount of the Triton pods (created per namespace, no API token)")
     parser.add_argument("--image-pull-secret", action="append",
                         help="Secret those ServiceAccounts pull images with (repeatable)")
+    parser.add_argument("--allowed-image-prefix", action="append",
+                        help="images (besides --job-image) a CompressedModel may run, by prefix (repeatable; default: "
+                             f"{', '.join(OperatorSettings.image_prefixes)})")
+    parser.add_argument("--allowed-annotation-prefix", action="append",
+                        help="stage pod annotations a CompressedModel may set, by key prefix (repeatable; default: "
+                             f"{', '.join(OperatorSettings.annotation_prefixes)})")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")
     parser.add_argument("--verbose", action="store_true", help="debug logging (kopf's too)")

@@ -19,14 +19,28 @@ EXAMPLES = """examples:
 
 
 def _package(args: argparse.Namespace) -> int:
+    from tailor.cli.plans import needs
+    from tailor.compressor.buildplan import ARTIFACTS_MOUNT, BuildPlan
     from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.serving.repository import package
 
-    gpu = GpuCatalog.load(args.profiles).get(args.gpu)
-    settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
-                       max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
-                       threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
+    plan = BuildPlan.load(args.plan) if args.plan else None
+    if plan is not None:  # the operator sized the pool: nothing is re-derived here
+        pool = plan.pool
+        if pool is None:
+            raise ValueError(f"{args.plan}: the build plan names no pool to package for")
+        out = Path(f"{ARTIFACTS_MOUNT}/{plan.layout.package(pool.generation, pool.name)}")
+        settings = package(Path(plan.checkpoint), out, plan.model, plan.catalog().get(pool.gpu_profile), pool.context,
+                           max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
+                           threads=args.threads, dtype=args.dtype, tensor_parallel=pool.tensor_parallel,
+                           sizing=pool.sizing)
+    else:
+        needs(args, "model", "out", "name")
+        gpu = GpuCatalog.load(args.profiles).get(args.gpu)
+        settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
+                           max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
+                           threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
     print(settings.model_dump_json(indent=2))
     return 0
 
@@ -86,9 +100,11 @@ def add_parsers(nouns: Any) -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     pack = nouns.add_parser("package", help="write a Triton model repository for a checkpoint", epilog=EXAMPLES,
                             formatter_class=formatter)
-    pack.add_argument("--model", required=True, help="checkpoint folder (quantized or not), or smollm2-135m")
-    pack.add_argument("--out", type=Path, required=True, help="package folder to write")
-    pack.add_argument("--name", required=True, help="the model's name on the server")
+    pack.add_argument("--plan", type=Path, help="a build plan with a pool (what the operator's package Jobs read): "
+                                                "checkpoint, folder, name, GPU and the pool's sizing from it")
+    pack.add_argument("--model", help="checkpoint folder (quantized or not), or smollm2-135m")
+    pack.add_argument("--out", type=Path, help="package folder to write")
+    pack.add_argument("--name", help="the model's name on the server")
     pack.add_argument("--gpu", default="cpu", help="profile the repository is sized for (cpu: KIND_CPU)")
     pack.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
     pack.add_argument("--context", type=int, default=2048, help="tokens per request the sizing reserves")

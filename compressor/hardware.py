@@ -81,6 +81,14 @@ class GpuProfile(BaseModel):
         return f"{self.name} ({self.family}) has no native {precision.value} math; engines fall back to {instead}"
 
 
+def resolve_precision(requested: str, gpu: GpuProfile) -> Precision:
+    """The one place `auto` becomes a precision: NVFP4 where `gpu` computes in it, else FP8 where it does,
+    else BF16; `none` is BF16; anything else names a precision."""
+    if requested == "auto":
+        return gpu.preferred_precision()
+    return Precision.BF16 if requested == "none" else Precision(requested)
+
+
 class GpuCatalog:
     """The profiles in force: built-ins plus overrides; looks up by name, alias or GFD product."""
 

@@ -84,6 +84,14 @@ def preferred_kv_dtype(gpu: GpuProfile) -> KvDtype:
     return KvDtype.FP8 if gpu.runs_natively(Precision.FP8) else KvDtype.BF16
 
 
+def resolve_kv_dtype(requested: str, gpu: GpuProfile) -> KvDtype:
+    """The one place an `auto` KV-cache dtype is decided (for the GPU the model is built for); fp16 is stored
+    like bf16 (two bytes)."""
+    if requested == "auto":
+        return preferred_kv_dtype(gpu)
+    return KvDtype.FP8 if requested == "fp8" else KvDtype.BF16
+
+
 def block_weight_bytes(block: Block, hidden: int, recipe: QuantRecipe) -> float:
     return float(sum(count * recipe.bits_for(group) / 8 for group, count in block.params(hidden).items()))
 

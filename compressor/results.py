@@ -3,25 +3,35 @@ message (`--result-file /dev/termination-log`; Kubernetes keeps at most 4096 byt
 
 No torch here: the operator parses these with the same models. The compression result carries the child's
 config.json (gzip, base64) because the operator sizes deployments from the child's real architecture.
+
+A result comes from a pod, so the operator treats it as untrusted input: every field is bounded here and a
+packed config is decompressed to at most `MAX_CONFIG_BYTES`.
 """
 
 from __future__ import annotations
 
 import base64
-import gzip
+import binascii
 import json
+import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tailor.compressor.files import write_text
 
 TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-log
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; more is not a config
+MAX_PARAMS = 10**14
+Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Positive = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
 
 class StageResult(BaseModel):
     """Base of the results; `message()` is the JSON that must fit a termination message."""
+
+    model_config = ConfigDict(extra="forbid")
 
     def message(self) -> str:
         text = self.model_dump_json()
@@ -35,24 +45,35 @@ class CompressResult(StageResult):
     """`tailor compress --result-file`: the child's size and architecture."""
 
     stage: Literal["compress"] = "compress"
-    child: str = Field(description="The child's folder, as the Job saw it.")
-    params: int
-    active_params: int
-    parent_params: int
-    parent_active_params: int
-    pattern: str = Field(description="One code per sub-layer: * attention, M Mamba, - MLP, E MoE, L linear, 0 removed.")
-    predicted_speedup: float
-    kl_to_parent: float
-    config: str = Field(description="The child's config.json, gzip-compressed and base64-encoded.")
-
+    child: str = Field(max_length=1024, description="The child's folder, as the Job saw it.")
+    params: int = Field(ge=1, le=MAX_PARAMS)
+    active_params: int = Field(ge=1, le=MAX_PARAMS)
+    parent_params: int = Field(ge=1, le=MAX_PARAMS)
+    parent_active_params: int = Field(ge=1, le=MAX_PARAMS)
+    pattern: str = Field(max_length=TERMINATION_MESSAGE_BYTES, pattern=r"^[*ME\-L0]*$",
+                         description="One code per sub-layer: * attention, M Mamba, - MLP, E MoE, L linear, 0 removed.")
+    predicted_speedup: Positive
+    kl_to_parent: Positive
+    config: str = Field(max_length=TERMINATION_MESSAGE_BYTES,
+                        description="The child's config.json, gzip-compressed and base64-encoded.")
 
 
 def pack_config(config: dict[str, Any]) -> str:
-    return base64.b64encode(gzip.compress(json.dumps(config, separators=(",", ":")).encode(), mtime=0)).decode()
+    compressor = zlib.compressobj(wbits=31)  # the gzip container
+    packed = compressor.compress(json.dumps(config, separators=(",", ":")).encode()) + compressor.flush()
+    return base64.b64encode(packed).decode()
 
 
 def unpack_config(packed: str) -> dict[str, Any]:
-    loaded = json.loads(gzip.decompress(base64.b64decode(packed)))
+    """The config a result carries; a ValueError for anything else, including more than MAX_CONFIG_BYTES."""
+    try:
+        stream = zlib.decompressobj(wbits=31)
+        text = stream.decompress(base64.b64decode(packed, validate=True), MAX_CONFIG_BYTES)
+        if stream.unconsumed_tail or not stream.eof:
+            raise ValueError(f"the packed config is incomplete or above {MAX_CONFIG_BYTES} bytes")
+        loaded = json.loads(text)
+    except (binascii.Error, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"the packed config is not gzip-compressed JSON in base64: {error}") from error
     if not isinstance(loaded, dict):
         raise ValueError("a packed config is not a JSON object")
     return loaded
@@ -62,12 +83,12 @@ class QuantizeResult(StageResult):
     """`tailor quantize --result-file`: what was quantized and how big it is."""
 
     stage: Literal["quantize"] = "quantize"
-    checkpoint: str
-    recipe: str
-    quant_algo: str
-    kv_cache_quant_algo: str | None
-    weight_bytes: int
-    kl_to_unquantized: float | None
+    checkpoint: str = Field(max_length=1024)
+    recipe: str = Field(max_length=64)
+    quant_algo: str = Field(max_length=64)
+    kv_cache_quant_algo: Literal["FP8"] | None
+    weight_bytes: int = Field(ge=1, le=MAX_PARAMS * 2)
+    kl_to_unquantized: Positive | None
 
 
 class GateResult(StageResult):
@@ -75,15 +96,15 @@ class GateResult(StageResult):
 
     stage: Literal["evaluate"] = "evaluate"
     metric: Literal["next_token_accuracy"] = "next_token_accuracy"
-    parent_score: float
-    child_score: float
-    retention: float = Field(description="child_score / parent_score")
-    min_retention: float
-    passed: bool
-    parent_perplexity: float
-    child_perplexity: float
-    kl_to_parent: float
-    tokens: int
+    parent_score: Score
+    child_score: Score
+    retention: Positive = Field(description="child_score / parent_score")
+    min_retention: Score
+    passed: bool = Field(description="The pod's verdict; the operator decides the gate from the scores itself.")
+    parent_perplexity: Positive
+    child_perplexity: Positive
+    kl_to_parent: Positive
+    tokens: int = Field(ge=1, le=10**10)
 
 
 def write_result(result: StageResult, path: Path) -> None:

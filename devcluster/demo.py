@@ -29,7 +29,7 @@ from tailor.devcluster import build, cluster
 from tailor.devcluster.log import log
 from tailor.devcluster.simulated import published_results
 from tailor.operator import api as model
-from tailor.operator.stages import artifacts_folder
+from tailor.operator.names import folder as artifacts_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "tailor"

@@ -2,13 +2,16 @@
 
 These models are the single source of the CRD: `tailor.operator.crd` turns them into the structural
 schema in `crds/compressedmodel.yaml`, CEL rules included. Every cross-field rule is written twice on
-purpose, once as CEL for the API server and once as a validator here, and `tests/cluster/test_api_agreement.py`
-checks that both reach the same verdict on a corpus of valid and invalid objects.
+purpose, once as CEL for the API server and once as a validator here, and `tests/cluster/test_api_server.py`
+checks that both reach the same verdict on a corpus of valid and invalid objects (`tests/corpus.py`).
+
+Status models ignore fields they do not know: a status written by a newer operator must not break this one.
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -84,32 +87,36 @@ class SecretReference(ApiModel):
 
 CREDENTIALS_ONLY_REMOTE = cel(
     "!has(self.credentialsSecret) || !self.uri.startsWith('pvc://')",
-    "credentialsSecret applies to hf:// and s3:// sources only; a pvc:// source is read from the claim",
+    "credentialsSecret applies to hf:// sources only; a pvc:// source is read from the claim",
     ".credentialsSecret",
 )
+NO_S3 = cel("!self.uri.startsWith('s3://')", "s3:// sources are not supported yet: copy the parent to a claim "
+             "and use pvc://<claim>/<path>, or use hf://", ".uri")
 SOURCE_IMMUTABLE = cel("self == oldSelf", "source is immutable; create a new CompressedModel for another model")
 
 
 class SourceSpec(ApiModel):
     """The parent model to compress. Immutable once created."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(CREDENTIALS_ONLY_REMOTE, SOURCE_IMMUTABLE))
+    model_config = ConfigDict(json_schema_extra=cel_rules(CREDENTIALS_ONLY_REMOTE, NO_S3, SOURCE_IMMUTABLE))
 
     uri: str = Field(
         pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*)$",
         max_length=1024,
-        description="Where the parent checkpoint is: hf://<org>/<name>, s3://<bucket>/<prefix> or "
-        "pvc://<claim>/<path> (a PersistentVolumeClaim in this namespace).",
+        description="Where the parent checkpoint is: hf://<org>/<name> or pvc://<claim>/<path> (a "
+        "PersistentVolumeClaim in this namespace). s3:// is refused: not supported yet.",
     )
     revision: str = Field(default="main", min_length=1, max_length=128,
                           description="Revision (branch, tag or commit) of an hf:// source.")
     credentials_secret: SecretReference | None = Field(
-        default=None, description="Secret with HF_TOKEN or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+        default=None, description="Secret with HF_TOKEN for an hf:// source.")
 
     @model_validator(mode="after")
     def _credentials_only_remote(self) -> SourceSpec:
         if self.credentials_secret is not None and self.uri.startswith("pvc://"):
             raise ValueError(CREDENTIALS_ONLY_REMOTE["message"])
+        if self.uri.startswith("s3://"):
+            raise ValueError(NO_S3["message"])
         return self
 
 
@@ -347,6 +354,12 @@ class CompressedModelSpec(ApiModel):
 # --- status -----------------------------------------------------------------------------------------
 
 
+class StatusModel(ApiModel):
+    """Base of the status: fields this operator does not know (a newer one wrote them) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 Phase = Literal["Pending", "Compressing", "Quantizing", "Evaluating", "Deploying", "Ready", "Failed"]
 StageName = Literal["Compress", "Quantize", "Evaluate", "Deploy"]
 STAGE_PHASES: dict[str, Phase] = {"Compress": "Compressing", "Quantize": "Quantizing", "Evaluate": "Evaluating",
@@ -354,7 +367,7 @@ STAGE_PHASES: dict[str, Phase] = {"Compress": "Compressing", "Quantize": "Quanti
 StageState = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
-class Condition(ApiModel):
+class Condition(StatusModel):
     """A Kubernetes condition (metav1.Condition)."""
 
     type: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=316)
@@ -365,19 +378,21 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
-class StageProgress(ApiModel):
+class StageProgress(StatusModel):
     """Progress of one pipeline stage."""
 
     name: StageName
     state: StageState = "Pending"
     progress: float | None = Field(default=None, ge=0, le=1, description="Share of the stage done, 0 to 1.")
     job_name: str | None = Field(default=None, description="The Job running the stage.")
+    reason: str | None = Field(default=None, max_length=128, description="Why the stage is in its state, "
+                               "e.g. JobSucceeded, BackoffLimitExceeded, InvalidResult, QualityGateFailed.")
     started_at: datetime.datetime | None = None
     completed_at: datetime.datetime | None = None
     message: str | None = None
 
 
-class ArchitectureSummary(ApiModel):
+class ArchitectureSummary(StatusModel):
     """The child the search chose."""
 
     total_params_billions: float | None = Field(default=None, ge=0)
@@ -387,7 +402,7 @@ class ArchitectureSummary(ApiModel):
     summary: str | None = Field(default=None, description="One line per kind of block change.")
 
 
-class QualityReport(ApiModel):
+class QualityReport(StatusModel):
     """Parent and child on the same evaluation."""
 
     metric: str | None = None
@@ -397,7 +412,7 @@ class QualityReport(ApiModel):
     passed: bool | None = None
 
 
-class PoolStatus(ApiModel):
+class PoolStatus(StatusModel):
     """Sizing and readiness of one node pool's deployment."""
 
     name: str
@@ -411,16 +426,23 @@ class PoolStatus(ApiModel):
     ready_replicas: int | None = Field(default=None, ge=0)
 
 
-class BuildStatus(ApiModel):
+class BuildStatus(StatusModel):
     """The artifacts the current spec is built into: reused by later generations that change only deployment."""
 
     generation: int = Field(ge=0, description="The generation whose Jobs build (or built) the artifacts.")
     fingerprint: str = Field(description="Hash of the spec fields the artifacts depend on.")
     child_config: str | None = Field(default=None, description="The child's config.json (gzip, base64), from "
                                      "the compression Job; deployments are sized from it.")
+    precision: str | None = Field(default=None, description="Weight precision the build resolved (auto decided).")
+    kv_cache_dtype: str | None = Field(default=None, alias="kvCacheDtype",
+                                       description="KV-cache dtype the build resolved.")
+    target_product: str | None = Field(default=None, description="nvidia.com/gpu.product the build's Jobs run on.")
+    recipe: str | None = Field(default=None, description="The quantization recipe the build produced (bf16 "
+                               "without quantization); pools are sized with it.")
+    weight_bytes: int | None = Field(default=None, ge=0, description="Bytes of the quantized weights.")
 
 
-class Endpoint(ApiModel):
+class Endpoint(StatusModel):
     """Where a pool's Triton serves."""
 
     pool: str
@@ -428,7 +450,7 @@ class Endpoint(ApiModel):
     protocol: Literal["http", "grpc"]
 
 
-class CompressedModelStatus(ApiModel):
+class CompressedModelStatus(StatusModel):
     """What is true now, written by the operator."""
 
     phase: Phase | None = Field(default=None, description="Summary of the conditions, for printer columns.")
@@ -451,6 +473,23 @@ class CompressedModelStatus(ApiModel):
                                            description="The generation whose revisions the Services send traffic to.")
 
 
+# Derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters that start with a
+# letter. The longest is a package Job, <name>-g<generation>-package-<pool>, with up to 6 generation digits.
+NAME_BUDGET = 63 - len("-g") - 6 - len("-package-")  # for the object's name and a pool's name together
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_IS_LABEL = cel(f"self.metadata.name.matches('{NAME_PATTERN}')",
+                    "metadata.name must start with a letter and hold only a-z, 0-9 and '-' (no dots): it names "
+                    "the model's Services, Jobs and Deployments")
+NAME_FITS = cel(f"size(self.metadata.name) <= {NAME_BUDGET - 1}",
+                f"metadata.name must be at most {NAME_BUDGET - 1} characters: the Job <name>-g<generation>-compress "
+                "and the other derived names must fit 63")
+POOL_NAMES_FIT = cel(
+    f"!has(self.spec.deployment) || self.spec.deployment.pools.all(p, size(self.metadata.name) + size(p.name)"
+    f" <= {NAME_BUDGET})",
+    f"metadata.name and each spec.deployment.pools[].name must together be at most {NAME_BUDGET} characters: the "
+    "package Job <name>-g<generation>-package-<pool> must fit 63")
+
+
 class CompressedModel(ApiModel):
     """The whole object as the API server stores it."""
 
@@ -461,3 +500,16 @@ class CompressedModel(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: CompressedModelSpec
     status: CompressedModelStatus | None = None
+
+    @model_validator(mode="after")
+    def _names_fit(self) -> CompressedModel:
+        name = self.metadata.get("name")
+        if name is None:
+            return self
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError(NAME_IS_LABEL["message"])
+        if len(name) > NAME_BUDGET - 1:
+            raise ValueError(NAME_FITS["message"])
+        if self.spec.deployment and any(len(name) + len(p.name) > NAME_BUDGET for p in self.spec.deployment.pools):
+            raise ValueError(POOL_NAMES_FIT["message"])
+        return self

@@ -104,6 +104,7 @@ def build_crd() -> dict[str, Any]:
                     "type": "object",
                     "description": "A large language model compressed, quantized and served to fit a GPU fleet.",
                     "required": ["spec"],
+                    **api.cel_rules(api.NAME_IS_LABEL, api.NAME_FITS, api.POOL_NAMES_FIT),
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

@@ -12,13 +12,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tailor.compressor.buildplan import MODELS_MOUNT, REPOSITORY
+from tailor.operator import names
 from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec
 from tailor.operator.pools import GPU_RESOURCE, PoolPlan
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
-MODELS_MOUNT = "/models"
+REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps Triton out of BestEffort
+SHM_PER_GPU_GIB = 8
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
 PROBE_PERIOD_S = 10
+PROGRESS_MARGIN_S = 300  # scheduling and image pulls, beyond the startup probe's allowance
 SERVING_SERVICE_ACCOUNT = "tailor-serving"
 # Metrics a prometheus-adapter serves per pod from Triton's /metrics (rules in the Helm chart):
 # average queue time per request, and requests waiting.
@@ -27,6 +31,18 @@ POD_METRICS = {"queueTimeMicroseconds": "triton_queue_time_us_per_request",
 GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
+# fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+def scaled(per_gpu: dict[str, str], gpus: int) -> dict[str, str]:
+    """Resource requests for `gpus` GPUs from per-GPU quantities like 500m or 2Gi."""
+    out = {}
+    for resource, quantity in per_gpu.items():
+        number, unit = (quantity[:-1], "m") if quantity.endswith("m") else (
+            (quantity[:-2], quantity[-2:]) if quantity[-2:] in ("Ki", "Mi", "Gi", "Ti") else (quantity, ""))
+        out[resource] = f"{int(number) * gpus}{unit}"
+    return out
 
 
 def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
@@ -34,24 +50,15 @@ def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
             "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-REVISION_LABEL = "tailor.dev/revision"
+TRITON = {names.APP_NAME: "triton"}
 
 
 def labels(model: dict[str, Any], pool: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "triton", "app.kubernetes.io/managed-by": "tailor",
-            "tailor.dev/model": model["metadata"]["name"], "tailor.dev/pool": pool}
+    return {**TRITON, **names.model_labels(model), names.POOL: pool}
 
 
 def revision_labels(model: dict[str, Any], pool: str, generation: int) -> dict[str, str]:
-    return {**labels(model, pool), REVISION_LABEL: f"g{generation}"}
-
-
-def service_name(model: dict[str, Any], pool: str) -> str:
-    return f"{model['metadata']['name']}-{pool}"
-
-
-def revision_name(model: dict[str, Any], pool: str, generation: int) -> str:
-    return f"{service_name(model, pool)}-g{generation}"
+    return {**labels(model, pool), names.REVISION: names.revision_of(generation)}
 
 
 def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -> dict[str, Any]:
@@ -62,7 +69,7 @@ def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -
 def service(model: dict[str, Any], pool: str, generation: int) -> dict[str, Any]:
     """The pool's stable Service, pointing at one revision."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _metadata(model, service_name(model, pool), labels(model, pool)),
+            "metadata": _metadata(model, names.service_name(model["metadata"]["name"], pool), labels(model, pool)),
             "spec": {"selector": revision_labels(model, pool, generation),
                      "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()]}}
 
@@ -73,30 +80,38 @@ def startup_failure_threshold(weight_bytes: int) -> int:
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
-              repository: str, generation: int, service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
+              package: str, generation: int, service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
     """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
-    pool that is not skipped. `repository` is the model repository's path inside `claim`; the pods run as
-    `service_account` with no API token (Triton never calls the Kubernetes API)."""
+    pool that is not skipped. `package` is the pool's `tailor package` folder inside `claim`; the pods run as
+    `service_account` with no API token (Triton never calls the Kubernetes API). The Deployment's progress
+    deadline is the startup allowance plus five minutes: past it the revision is failed, not waited for."""
     if plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None:
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
     selector = revision_labels(model, plan.name, generation)
-    meta = _metadata(model, revision_name(model, plan.name, generation), selector)
+    meta = _metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
 
     def probe(path: str, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
                 "failureThreshold": failures}
 
-    gpus = str(plan.tensor_parallel)
+    gpus = plan.tensor_parallel
+    startup = startup_failure_threshold(plan.sizing.footprint.weights * gpus)
+    mounts = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "models", "persistentVolumeClaim": {"claimName": claim,
+                                                                                  "readOnly": True}}]
+    if gpus > 1:  # tensor-parallel workers exchange through shared memory
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
     container = {
         "name": "triton", "image": deployment.triton_image,
         "command": ["tritonserver"],
-        "args": [f"--model-repository={MODELS_MOUNT}/{repository}", *(f"--{name}-port={port}"
-                                                                        for name, port in PORTS.items())],
+        "args": [f"--model-repository={MODELS_MOUNT}/{package}/{REPOSITORY}",
+                 *(f"--{name}-port={port}" for name, port in PORTS.items())],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
-        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
-        "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}],
-        "startupProbe": probe("/v2/health/ready", startup_failure_threshold(plan.sizing.footprint.weights
-                                                                             * plan.tensor_parallel)),
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)},
+                      "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
+        "volumeMounts": mounts,
+        "startupProbe": probe("/v2/health/ready", startup),
         "livenessProbe": probe("/v2/health/live", 3),
         "readinessProbe": probe("/v2/health/ready", 3),
         "securityContext": RESTRICTED,
@@ -112,15 +127,16 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
             "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                 "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
                                                    "topologyKey": "kubernetes.io/hostname"}}]}},
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "securityContext": POD_SECURITY,
             "containers": [container],
-            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+            "volumes": volumes,
         },
     }
     autoscaling = deployment.autoscaling
     return [
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
          "spec": {"replicas": plan.replicas, "selector": {"matchLabels": selector}, "template": pod,
+                  "progressDeadlineSeconds": startup * PROBE_PERIOD_S + PROGRESS_MARGIN_S,
                   "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}},
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
          "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},

@@ -1,7 +1,7 @@
 """The kopf wiring: one daemon per CompressedModel runs reconciliation passes; watch events on the object and on
 the Jobs and Deployments it owns wake it; deletion is a finalizer that removes Jobs and revisions first.
 
-The passes themselves (`reconcile`) are synchronous Kubernetes calls, run in a worker thread so the event
+The passes themselves (`execute.reconcile`) are synchronous Kubernetes calls, run in a worker thread so the event
 loop keeps serving watches. A failing pass (API down, a conflict that outlived its retries) is logged,
 counted and retried with exponential backoff; the operator never dies of it.
 """
@@ -17,15 +17,15 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from tailor.operator import login, metrics
+from tailor.operator import login, metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.decide import owned_by
+from tailor.operator.execute import reconcile
 from tailor.operator.kube import Kube
-from tailor.operator.reconcile import OperatorSettings, reconcile
+from tailor.operator.settings import OperatorSettings
 
-MANAGED = {"app.kubernetes.io/managed-by": "tailor"}
 MAX_BACKOFF_S = 60.0
 DEBOUNCE_S = 0.2
-USER_AGENT = "tailor-operator/0.1.0"
 
 
 class Runtime:
@@ -50,7 +50,7 @@ def configure(settings: OperatorSettings) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # the reconciler posts its own Events
@@ -59,7 +59,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = 16
     settings.scanning.disabled = True  # the resources are known: no need to read or watch CRDs (RBAC)
     api = client.ApiClient(login.load_config())
-    api.user_agent = USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
+    api.user_agent = names.USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
     RUNTIME.kube = Kube(api)
 
@@ -74,7 +74,7 @@ def on_model_event(uid: str, **_: Any) -> None:
     RUNTIME.wake(uid)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("batch", "v1", "jobs", labels=names.MANAGED)
 def on_job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     """A Job that finished or went away moves its owner on; its other updates (pods starting) do not."""
     finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
@@ -83,7 +83,7 @@ def on_job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         RUNTIME.wake(_owner_uid(body))
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("apps", "v1", "deployments", labels=names.MANAGED)
 def on_deployment_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     """A revision that became available (or went away) moves its owner on."""
     status, spec = body.get("status") or {}, body.get("spec") or {}
@@ -126,19 +126,24 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def on_delete(*, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-    """Stop the work before the object goes: Jobs (their pods with them) and serving revisions; the claim
-    Tailor created goes too when storage.deletionPolicy is Delete."""
+def on_delete(*, body: kopf.Body, name: str, namespace: str | None, uid: str, logger: kopf.Logger, **_: Any) -> None:
+    """Stop the work before the object goes: its Jobs (their pods with them) and serving revisions; the claim
+    Tailor created for this very object goes too when storage.deletionPolicy is Delete. Only objects this
+    object owns (by uid) are touched: never another's, nor an earlier object's of the same name."""
     assert namespace is not None
     kube = RUNTIME.kube
     assert kube is not None
     owner = f"{namespace}/{name}"
-    selector = {**MANAGED, "tailor.dev/model": name}
+    selector = {**names.MANAGED, names.MODEL: name}
     for kind in ("Job", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"):
         for item in kube.select(owner, kind, namespace, selector):
-            kube.delete(owner, kind, namespace, item["metadata"]["name"])
+            if owned_by(item, uid):
+                kube.delete(owner, kind, namespace, item["metadata"]["name"])
     storage = (body.get("spec") or {}).get("storage") or {}
-    if (storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim")
-            and kube.delete(owner, "PersistentVolumeClaim", namespace, f"{name}-artifacts")):
-        logger.info(f"deleted PersistentVolumeClaim {name}-artifacts (deletionPolicy Delete)")
+    claim = names.claim_name(name)
+    if storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim"):
+        found = kube.get(owner, "PersistentVolumeClaim", namespace, claim)
+        if found is not None and owned_by(found, uid) and kube.delete(owner, "PersistentVolumeClaim", namespace,
+                                                                      claim):
+            logger.info(f"deleted PersistentVolumeClaim {claim} (deletionPolicy Delete)")
     kube.requests.pop(owner, None)

@@ -1,27 +1,32 @@
-"""The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress`, `tailor quantize`, `tailor evaluate`.
+"""The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress|quantize|evaluate|package --plan`.
 
 A stage runs the same command as on a workstation, on GPU nodes of the target GPU (GPU Feature Discovery
-product label, the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and the
-plan the operator wrote at /plan. A multi-node stage is an Indexed Job whose pods find each other through a
-headless Service and start torchrun with their completion index as node rank. Results come back as the
-container's termination message (`--result-file /dev/termination-log`).
+product label, the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and its
+build plan at /plan. A multi-node stage is an Indexed Job whose pods find each other through a headless
+Service and start torchrun with their completion index as node rank. Results come back as the container's
+termination message (`--result-file /dev/termination-log`) and as a file on the claim.
+
+Pods request CPU and memory as well as GPUs (a pod with only extended resources is BestEffort, the first a
+node evicts), and a multi-GPU pod gets a memory-backed /dev/shm (NCCL and torch's shared-memory tensors).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import shlex
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tailor.operator.deployment import GPU_TAINT_TOLERATION, RESTRICTED, owner_reference
-from tailor.operator.pools import GPU_RESOURCE, PRODUCT_LABEL
+from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, SOURCE_MOUNT, Stage
+from tailor.operator import names
+from tailor.operator.deployment import GPU_TAINT_TOLERATION, POD_SECURITY, RESTRICTED, owner_reference, scaled
+from tailor.operator.pools import GPU_RESOURCE
 
-Stage = Literal["compress", "quantize", "evaluate", "package"]
-ARTIFACTS = "/artifacts"
-PLAN = "/plan"
-SOURCE = "/source"
 RENDEZVOUS_PORT = 29500
 JOB_SERVICE_ACCOUNT = "tailor-job"
+RESULT_FILE = "/dev/termination-log"
+REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps the pod out of BestEffort
+SHM_PER_GPU_GIB = 8
 
 
 class JobSettings(BaseModel):
@@ -35,66 +40,78 @@ class JobSettings(BaseModel):
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
 
 
-def job_name(model: dict[str, Any], generation: int, stage: Stage, suffix: str = "") -> str:
-    return f"{model['metadata']['name']}-g{generation}-{stage}{f'-{suffix}' if suffix else ''}"
+def stage_args(stage: Stage) -> list[str]:
+    """Every stage reads its build plan; a build stage writes its result as the termination message (a
+    package's result is the repository it writes)."""
+    result = [] if stage == "package" else ["--result-file", RESULT_FILE]
+    return [stage, "--plan", f"{PLAN_MOUNT}/{PLAN_FILE}", *result]
 
 
 def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     """The container command: tailor itself, or torchrun around it for more than one GPU or node."""
+    module = ["-m", "tailor.cli.main", *args]
     if settings.nodes > 1:
-        return ["sh", "-c", f"exec torchrun --nnodes {settings.nodes} --nproc-per-node {settings.gpus_per_node} "
-                f"--node-rank $JOB_COMPLETION_INDEX --master-addr {name}-0.{name} --master-port {RENDEZVOUS_PORT} "
-                f"-m tailor.cli.main {' '.join(args)}"]
+        torchrun = ["torchrun", "--nnodes", str(settings.nodes), "--nproc-per-node", str(settings.gpus_per_node),
+                    "--master-addr", f"{name}-0.{name}", "--master-port", str(RENDEZVOUS_PORT)]
+        # the rank comes from the pod's environment, so a shell expands it; everything else is quoted
+        return ["sh", "-c", f"exec {shlex.join(torchrun)} --node-rank \"$JOB_COMPLETION_INDEX\" "
+                            f"{shlex.join(module)}"]
     if settings.gpus_per_node > 1:
-        return ["torchrun", "--standalone", f"--nproc-per-node={settings.gpus_per_node}", "-m", "tailor.cli.main",
-                *args]
+        return ["torchrun", "--standalone", f"--nproc-per-node={settings.gpus_per_node}", *module]
     return ["tailor", *args]
 
 
-def stage_job(model: dict[str, Any], stage: Stage, generation: int, args: list[str], settings: JobSettings,
-              gpu_product: str, claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
-              source_claim: str | None = None, suffix: str = "", env: list[dict[str, Any]] | None = None
+def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings, gpu_product: str | None,
+              claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
+              source_claim: str | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None
               ) -> list[dict[str, Any]]:
-    """The Job (and, for several nodes, its headless Service) running `tailor <args>` for a stage of the
-    generation `generation`; a pvc:// source's claim is mounted read-only at /source."""
-    name = job_name(model, generation, stage, suffix)
-    labels = {"app.kubernetes.io/managed-by": "tailor", "tailor.dev/model": model["metadata"]["name"],
-              "tailor.dev/stage": stage, "tailor.dev/generation": str(generation)}
+    """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
+    generation `generation`; a pvc:// source's claim is mounted read-only at /source. `gpu_product` None
+    runs anywhere (packaging needs no GPU)."""
+    name = names.job_name(model["metadata"]["name"], generation, stage, pool)
+    labels = {**names.model_labels(model), names.STAGE: stage, names.GENERATION: str(generation)}
     meta = {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
             "ownerReferences": [owner_reference(model)]}
-    gpus = {GPU_RESOURCE: str(settings.gpus_per_node)} if settings.gpus_per_node else {}
-    mounts = [{"name": "artifacts", "mountPath": ARTIFACTS}, {"name": "plan", "mountPath": PLAN, "readOnly": True}]
+    gpus = settings.gpus_per_node
+    mounts = [{"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
+              {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
                                      {"name": "plan", "configMap": {"name": plan_config_map}}]
     if source_claim is not None:
-        mounts.append({"name": "source", "mountPath": SOURCE, "readOnly": True})
+        mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source_claim, "readOnly": True}})
-    pod: dict[str, Any] = {
-        "metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
-        "spec": {
-            "restartPolicy": "Never",
-            "serviceAccountName": settings.service_account,
-            "automountServiceAccountToken": False,  # the stages never call the Kubernetes API
-            "nodeSelector": {PRODUCT_LABEL: gpu_product},
-            "tolerations": [GPU_TAINT_TOLERATION],
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
-            "containers": [{
-                "name": stage, "image": settings.image, "command": launcher(name, settings, args),
-                "env": list(env or []),
-                "resources": {"limits": gpus, "requests": gpus},
-                "volumeMounts": mounts,
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "securityContext": RESTRICTED,
-            }],
-            "volumes": volumes,
-        },
+    if gpus > 1:
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
+    requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
+    if gpus:
+        requests[GPU_RESOURCE] = str(gpus)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.service_account,
+        "automountServiceAccountToken": False,  # the stages never call the Kubernetes API
+        "tolerations": [GPU_TAINT_TOLERATION],
+        "securityContext": POD_SECURITY,
+        "containers": [{
+            "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage)),
+            "env": list(env or []),
+            "resources": {"requests": requests, **({"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {})},
+            "volumeMounts": mounts,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": RESTRICTED,
+        }],
+        "volumes": volumes,
     }
+    if gpu_product is not None:
+        pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product}
+    pod: dict[str, Any] = {"metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
+                           "spec": pod_spec}
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}
     objects: list[dict[str, Any]] = []
     if settings.nodes > 1:  # one pod per node, all of its GPUs: the ranks find each other by DNS
-        pod["spec"]["subdomain"] = name
-        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        pod_spec["subdomain"] = name
+        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}}
         spec.update(completionMode="Indexed", completions=settings.nodes, parallelism=settings.nodes)
         objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta,

@@ -1,13 +1,16 @@
 """GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from the GPU Feature
-Discovery label, and the cost model's sizing of the compressed, quantized model on that GPU.
+Discovery label, and the cost model's sizing of what the build produced (`Built`: the child's architecture,
+the quantize Job's recipe and KV-cache dtype) on that GPU.
 
-The checkpoint is quantized once, for the spec's target GPU (`spec_recipe`); every pool serves that
-checkpoint. A pool whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint with
-TensorRT-LLM and is skipped; NVFP4 on Hopper runs weight-only (W4A16) and is noted. The `cpu` development
-profile serves them through the Python backend, which dequantizes them.
+Only nodes that are Ready and report allocatable GPUs count: a node that is draining, NotReady or whose device
+plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a
+revision it already serves there (node churn must not take serving down). A pool whose GPUs have no FP8
+math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs weight-only
+(W4A16) and is noted. The `cpu` development profile serves them through the Python backend, which
+dequantizes them.
 
 Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live
-cluster and a test's nodes. A pool that cannot serve the model is kept with the reason it was skipped.
+cluster and a test's nodes.
 """
 
 from __future__ import annotations
@@ -15,16 +18,27 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from tailor.compressor.architecture import Architecture
+from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
 from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.memory import KvDtype, QuantRecipe, RuntimeReserve, preferred_kv_dtype, recipe_for
+from tailor.compressor.memory import KvDtype, QuantRecipe, RuntimeReserve
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
-from tailor.operator.api import CompressedModelSpec, DeploymentSpec, KvCacheDtype, NodePoolTarget
+from tailor.operator.api import DeploymentSpec, NodePoolTarget
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Built(BaseModel):
+    """What the build produced, as sizing needs it."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    arch: Architecture
+    recipe: QuantRecipe
+    kv_dtype: KvDtype
 
 
 class PoolPlan(BaseModel):
@@ -46,55 +60,64 @@ class PoolPlan(BaseModel):
     skipped: str | None = None  # why the pool gets no deployment
     notes: list[str] = []
 
+    def serving(self, generation: int, context: int) -> PoolServing:
+        """What the pool's package Job writes (the build plan's `pool`)."""
+        if self.sizing is None or self.gpu_profile is None or self.concurrency_per_replica is None:
+            raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
+        return PoolServing(name=self.name, generation=generation, gpu_profile=self.gpu_profile, context=context,
+                           tensor_parallel=self.sizing.tensor_parallel,
+                           max_batch_size=min(self.concurrency_per_replica, MAX_BATCH_CAP), sizing=self.sizing)
+
 
 def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> list[dict[str, Any]]:
     return [node for node in nodes
             if all((node["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
 
 
-def _allocatable_gpus(node: dict[str, Any]) -> int:
+def allocatable_gpus(node: dict[str, Any]) -> int:
     value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
     return int(value) if str(value).isdigit() else 0
 
 
-def spec_recipe(spec: CompressedModelSpec, arch: Architecture, catalog: GpuCatalog) -> QuantRecipe:
-    """The recipe the quantization Job applies: the spec's precision, `auto` resolved for the target GPU."""
-    precision = spec.quantization.precision
-    if precision == "auto":
-        return recipe_for(catalog.get(spec.compression.target_gpu.value).preferred_precision(), arch)
-    return recipe_for(Precision.BF16 if precision == "none" else Precision(precision), arch)
+def schedulable(node: dict[str, Any]) -> bool:
+    """Ready, not cordoned, with GPUs the device plugin reports."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready and not (node.get("spec") or {}).get("unschedulable") and allocatable_gpus(node) > 0
 
 
-def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], arch: Architecture, recipe: QuantRecipe,
-              kv_cache_dtype: KvCacheDtype, deployment: DeploymentSpec, catalog: GpuCatalog) -> PoolPlan:
-    """Size `arch` for the pool: GPUs per replica, requests per replica and replicas for the concurrency."""
-    members = matching_nodes(nodes, pool.node_selector)
+def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
+              catalog: GpuCatalog) -> PoolPlan:
+    """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
+    concurrency, on the pool's schedulable nodes."""
+    matched = matching_nodes(nodes, pool.node_selector)
+    members = [node for node in matched if schedulable(node)]
     plan = PoolPlan(name=pool.name, nodes=sorted(n["metadata"]["name"] for n in members))
-    if not members:
+    if not matched:
         return plan.model_copy(update={"skipped": f"no node matches nodeSelector {pool.node_selector}"})
+    if not members:
+        return plan.model_copy(update={"skipped": f"none of the {len(matched)} matching node(s) is Ready and "
+                                                  f"schedulable with allocatable {GPU_RESOURCE}"})
     products = {(n["metadata"].get("labels") or {}).get(PRODUCT_LABEL) for n in members}
     if len(products) != 1 or None in products:
         return plan.model_copy(update={"skipped": f"the pool's nodes must share one {PRODUCT_LABEL} label, "
                                                   f"found {sorted(map(str, products))}"})
     product = str(products.pop())
     gpu = catalog.for_product(product)
-    plan = plan.model_copy(update={"gpu_product": product, "gpus_per_node": min(map(_allocatable_gpus, members))})
+    plan = plan.model_copy(update={"gpu_product": product, "gpus_per_node": min(map(allocatable_gpus, members))})
     if gpu is None:
         return plan.model_copy(update={"skipped": f"no GPU profile knows {PRODUCT_LABEL}={product}"})
-    if plan.gpus_per_node == 0:
-        return plan.model_copy(update={"skipped": f"the nodes have no allocatable {GPU_RESOURCE}"})
+    recipe, kv = built.recipe, built.kv_dtype
     if recipe.precision is not Precision.BF16 and not gpu.serves_quantized:
-        return plan.model_copy(update={"skipped": f"{gpu.name} ({gpu.family}) has no FP8 math: TensorRT-LLM cannot "
-                                                  f"serve the {recipe.precision.value} checkpoint there"})
-    kv = preferred_kv_dtype(gpu) if kv_cache_dtype == "auto" else (
-        KvDtype.FP8 if kv_cache_dtype == "fp8" else KvDtype.BF16)
+        return plan.model_copy(update={"skipped": f"{gpu.name} ({gpu.family}) has no FP8 math: it cannot serve "
+                                                  f"the {recipe.precision.value} checkpoint"})
     plan = plan.model_copy(update={"gpu_profile": gpu.name, "recipe": recipe.name, "kv_dtype": kv})
     context = deployment.context_length
     try:
-        tp = smallest_tensor_parallel(arch, gpu, context, recipe, kv, RuntimeReserve(), plan.gpus_per_node)
+        tp = smallest_tensor_parallel(built.arch, gpu, context, recipe, kv, RuntimeReserve(), plan.gpus_per_node)
     except ValueError as error:
         return plan.model_copy(update={"skipped": f"{error} ({recipe.name} weights, {kv.value} KV cache)"})
-    sizing = size(arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=plan.gpus_per_node)
+    sizing = size(built.arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=plan.gpus_per_node)
     target = (pool.concurrency.per_node * len(members) if pool.concurrency.per_node is not None
               else pool.concurrency.total)
     assert target is not None  # the API guarantees exactly one of perNode and total
@@ -112,12 +135,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], arch: Architect
         "replicas": replicas, "sizing": sizing, "notes": notes})
 
 
-def plan_pools(spec: CompressedModelSpec, nodes: list[dict[str, Any]], arch: Architecture,
-               catalog: GpuCatalog | None = None) -> list[PoolPlan]:
-    """One plan per pool of the spec's deployment, for the child `arch` as the spec quantizes it."""
-    if spec.deployment is None:
-        return []
-    catalog = catalog or GpuCatalog.load()
-    recipe = spec_recipe(spec, arch, catalog)
-    return [plan_pool(pool, nodes, arch, recipe, spec.quantization.kv_cache_dtype, spec.deployment, catalog)
-            for pool in spec.deployment.pools]
+def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built,
+               catalog: GpuCatalog) -> list[PoolPlan]:
+    """One plan per pool of the deployment."""
+    return [plan_pool(pool, nodes, built, deployment, catalog) for pool in deployment.pools]

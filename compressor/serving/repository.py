@@ -22,13 +22,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from tailor.compressor.architecture import Architecture, architecture_from_config
+from tailor.compressor.buildplan import MAX_BATCH_CAP, REPOSITORY
 from tailor.compressor.checkpoint import read_config, read_quant_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile, Precision
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
 from tailor.compressor.sizing import Sizing, size
 
-MAX_BATCH_CAP = 64  # a Python-backend instance batches at most this many requests whatever memory allows
 TEMPLATE_INPUTS = (
     ("text_input", "TYPE_STRING", "[ 1 ]"), ("input_ids", "TYPE_INT64", "[ -1 ]"),
     ("max_tokens", "TYPE_INT32", "[ 1 ]"), ("temperature", "TYPE_FP32", "[ 1 ]"), ("top_k", "TYPE_INT32", "[ 1 ]"),
@@ -98,13 +98,19 @@ def _link_or_copy(source: str, target: str) -> None:
 
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, max_batch_size: int | None = None,
             instances: int = 1, decoupled: bool = False, threads: int = 2, max_queue_delay_us: int = 2000,
-            mount: str = "/models", dtype: str = "bfloat16", tensor_parallel: int = 1) -> PackageSettings:
+            mount: str = "/models", dtype: str = "bfloat16", tensor_parallel: int = 1,
+            sizing: Sizing | None = None) -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
-    `context` on `gpu` (capped at 64)."""
+    `context` on `gpu` (capped at 64). A given `sizing` (the operator's, from the build plan) is used as is,
+    once the checkpoint is checked to be what it was sized for."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
-    sizing = size(arch, gpu, context, recipe, kv, tp=tensor_parallel, gpus_per_node=tensor_parallel)
+    if sizing is None:
+        sizing = size(arch, gpu, context, recipe, kv, tp=tensor_parallel, gpus_per_node=tensor_parallel)
+    elif (sizing.recipe, sizing.kv_dtype) != (recipe.name, kv):
+        raise ValueError(f"{model} is {recipe.name} with a {kv.value} KV cache; the plan was sized for "
+                         f"{sizing.recipe} with {sizing.kv_dtype.value}")
     if sizing.concurrency_per_replica < 1:
         raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")
@@ -117,11 +123,11 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
                                instances=instances, kind=kind, decoupled=decoupled,
                                max_queue_delay_us=max_queue_delay_us, dtype=dtype, sizing=sizing)
     with staged_folder(out) as staging:
-        version = staging / "repository" / name / "1"
+        version = staging / REPOSITORY / name / "1"
         version.mkdir(parents=True)
         shutil.copytree(model, version / "checkpoint", copy_function=_link_or_copy)
         (version / "model.py").write_text(MODEL_PY)
-        (staging / "repository" / name / "config.pbtxt").write_text(config_pbtxt(settings, threads))
+        (staging / REPOSITORY / name / "config.pbtxt").write_text(config_pbtxt(settings, threads))
         _write_gpu_configs(staging / "gpu", settings, f"{mount}/{name}/1/checkpoint", config)
         write_json(staging / "tailor-package.json", json.loads(settings.model_dump_json()))
     return settings
@@ -153,4 +159,4 @@ def _write_gpu_configs(folder: Path, settings: PackageSettings, checkpoint: str,
 
 def repository_of(path: Path) -> Path:
     """The model repository of a `tailor package` folder, or `path` itself when it is a repository."""
-    return path / "repository" if (path / "repository").is_dir() else path
+    return path / REPOSITORY if (path / REPOSITORY).is_dir() else path

@@ -1,24 +1,35 @@
-"""Stage Job manifests: the launcher for one GPU, one node of several GPUs, and several nodes."""
+"""Stage Job manifests: the launcher for one GPU, one node of several GPUs, and several nodes; what the pods
+request and mount."""
 
 from __future__ import annotations
 
-from tailor.operator.jobs import JobSettings, launcher, stage_job
+import shlex
+
+from tailor.operator.jobs import JobSettings, launcher, stage_args, stage_job
 
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 3}}
-ARGS = ["compress", "--config", "/plan/plan.yaml", "--out", "/artifacts/m/g3"]
+ARGS = stage_args("compress")
 
 
 def test_the_launcher_is_tailor_or_torchrun_by_gpus_and_nodes() -> None:
+    assert ARGS == ["compress", "--plan", "/plan/plan.yaml", "--result-file", "/dev/termination-log"]
     assert launcher("m-g3-compress", JobSettings(image="i"), ARGS) == ["tailor", *ARGS]
     assert launcher("m-g3-compress", JobSettings(image="i", gpus_per_node=8), ARGS)[:3] == [
         "torchrun", "--standalone", "--nproc-per-node=8"]
     script = launcher("m-g3-compress", JobSettings(image="i", gpus_per_node=8, nodes=4), ARGS)[-1]
-    assert "--nnodes 4 --nproc-per-node 8 --node-rank $JOB_COMPLETION_INDEX" in script
+    assert "--nnodes 4 --nproc-per-node 8" in script and '--node-rank "$JOB_COMPLETION_INDEX"' in script
     assert "--master-addr m-g3-compress-0.m-g3-compress" in script and script.endswith(" ".join(ARGS))
 
 
+def test_the_multi_node_launcher_quotes_its_arguments() -> None:
+    hostile = [*ARGS[:2], "/plan/plan.yaml; rm -rf /artifacts"]
+    script = launcher("m-g3-compress", JobSettings(image="i", gpus_per_node=8, nodes=2), hostile)[-1]
+    assert script.endswith(shlex.join(["-m", "tailor.cli.main", *hostile]))
+    assert "'/plan/plan.yaml; rm -rf /artifacts'" in script
+
+
 def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
-    job, service = stage_job(OWNER, "compress", 3, ARGS, JobSettings(image="i", gpus_per_node=8, nodes=2),
+    job, service = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2),
                              "NVIDIA-B200", "claim", "m-g3-plan")
     assert job["metadata"]["name"] == "m-g3-compress" and job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
@@ -27,8 +38,25 @@ def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
     anti_affinity = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     spread = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
     assert spread[0]["topologyKey"] == "kubernetes.io/hostname"
-    (single,) = stage_job(OWNER, "evaluate", 3, ["evaluate"], JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
+    (single,) = stage_job(OWNER, "evaluate", 3, JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
     pod = single["spec"]["template"]["spec"]
     assert "completionMode" not in single["spec"] and pod["restartPolicy"] == "Never"
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-B200"}
+
+
+def test_stage_pods_are_not_best_effort_and_multi_gpu_pods_get_shared_memory() -> None:
+    (job, _) = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2), "NVIDIA-B200",
+                         "claim", "plan")
+    pod = job["spec"]["template"]["spec"]
+    requests = pod["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": "4000m", "memory": "16Gi", "nvidia.com/gpu": "8"}
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    (package,) = stage_job(OWNER, "package", 3, JobSettings(image="i", gpus_per_node=0), "NVIDIA-B200", "claim",
+                           "plan", pool="b200")
+    container = package["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}}  # no GPU, still Burstable
+    assert container["command"] == ["tailor", "package", "--plan", "/plan/plan.yaml"]
+    assert package["metadata"]["name"] == "m-g3-package-b200"

@@ -9,15 +9,28 @@ import pytest
 import yaml
 
 from tailor.compressor.architecture import load_architecture
-from tailor.devcluster import nodes
+from tailor.compressor.hardware import GpuCatalog, resolve_precision
+from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.operator.api import CompressedModel
 from tailor.operator.deployment import manifests, service, startup_failure_threshold
-from tailor.operator.pools import plan_pools
+from tailor.operator.pools import Built, PoolPlan
+from tailor.operator.pools import plan_pools as plan_deployment
 
 from corpus import EXAMPLES
+from fakekube import ready_nodes
 
 CHILD = load_architecture("nemotron-3-puzzle-75b-a9b")  # the published Puzzle child, 75.3B / 9.3B
-NODES = nodes.node_manifests(nodes.load_pools(nodes.DEFAULT_POOLS_FILE))
+NODES = ready_nodes()
+CATALOG = GpuCatalog.load()
+
+
+def plan_pools(model: CompressedModel, nodes: list[dict[str, Any]]) -> list[PoolPlan]:
+    """Pools sized for the child as the spec's precision builds it (the quantize Job's recipe), FP8 KV."""
+    target = CATALOG.get(model.spec.compression.target_gpu.value)
+    recipe = recipe_for(resolve_precision(model.spec.quantization.precision, target), CHILD)
+    assert model.spec.deployment is not None
+    return plan_deployment(model.spec.deployment, nodes, Built(arch=CHILD, recipe=recipe, kv_dtype=KvDtype.FP8),
+                           CATALOG)
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
 
@@ -39,7 +52,7 @@ def test_the_published_case_fits_8_million_token_requests_per_h100() -> None:
     model = spec_with("nemotron-super-b200", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 64}},
                                               {"name": "a100", "nodeSelector": A100, "concurrency": {"perNode": 8}}],
                       contextLength=1_000_000, maxReplicas=16)
-    h100, a100 = plan_pools(model.spec, NODES, CHILD)
+    h100, a100 = plan_pools(model, NODES)
     assert (h100.tensor_parallel, h100.concurrency_per_gpu, h100.recipe) == (1, 8, "nvfp4-mamba-moe")
     assert h100.target_concurrency == 128 and h100.replicas == 16  # 2 nodes x 64 requests / 8 per replica
     assert any("weight-only NVFP4" in note for note in h100.notes)
@@ -51,7 +64,7 @@ def test_fp8_weights_need_two_h100s_per_replica_and_max_replicas_caps_the_target
     manifest = example("nemotron-super-h100")
     manifest["spec"]["quantization"]["precision"] = "fp8"
     model = CompressedModel.model_validate(manifest)
-    (h100,) = plan_pools(model.spec, NODES, CHILD)
+    (h100,) = plan_pools(model, NODES)
     assert h100.recipe == "fp8-mamba-moe" and h100.tensor_parallel == 2
     assert h100.concurrency_per_replica is not None and h100.concurrency_per_replica >= 16
     assert h100.replicas == 2 and "maxReplicas allow 2" in h100.notes[-1]
@@ -61,16 +74,16 @@ def test_pools_without_nodes_or_gpus_are_skipped_with_the_reason() -> None:
     model = spec_with("nemotron-super-h100", [
         {"name": "none", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}, "concurrency": {"total": 1}},
         {"name": "cpu", "nodeSelector": {"tailor.dev/node-pool": "cpu"}, "concurrency": {"total": 1}}])
-    missing, cpu = plan_pools(model.spec, NODES, CHILD)
+    missing, cpu = plan_pools(model, NODES)
     assert missing.skipped == "no node matches nodeSelector {'nvidia.com/gpu.product': 'NVIDIA-GB300'}"
-    assert cpu.skipped is not None and "nvidia.com/gpu.product" in cpu.skipped
+    assert cpu.skipped is not None and "allocatable nvidia.com/gpu" in cpu.skipped  # CPU nodes have no GPUs
 
 
 def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     manifest = example("nemotron-super-h100")
     manifest["spec"]["quantization"]["precision"] = "fp8"
     model = CompressedModel.model_validate(manifest)
-    (plan,) = plan_pools(model.spec, NODES, CHILD)
+    (plan,) = plan_pools(model, NODES)
     owner = {"metadata": {"name": "nemotron-super-h100", "namespace": "default", "uid": "1234"}}
     assert model.spec.deployment is not None
     deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3)
@@ -87,7 +100,7 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(
         2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
-    assert "--model-repository=/models/g1/repo" in container["args"]
+    assert "--model-repository=/models/g1/repo/repository" in container["args"]
     assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002]
     assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "50000"
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))

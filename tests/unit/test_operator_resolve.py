@@ -1,5 +1,5 @@
-"""From a CompressedModel spec to the stage commands: the compression plan (checked by the compressor's Plan),
-stage arguments, results that fit a termination message."""
+"""From a CompressedModel spec to its build plan: the Puzzle plan (checked by the compressor's Plan), the
+resolved precision and KV cache, the layout on the claim, results that fit a termination message."""
 
 from __future__ import annotations
 
@@ -10,19 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.puzzle.plan import Plan, Target
+from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.puzzle.plan import Target
 from tailor.compressor.results import TERMINATION_MESSAGE_BYTES, CompressResult, pack_config, unpack_config
 from tailor.operator.api import CompressedModel
-from tailor.operator.stages import (
-    InvalidPlan,
-    compression_plan,
-    evaluate_args,
-    fingerprint,
-    job_env,
-    quantize_args,
-    quantizes,
-)
+from tailor.operator.resolve import InvalidPlan, compression_plan, fingerprint, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = GpuCatalog.load()
@@ -34,24 +27,43 @@ def example(**compression: Any) -> CompressedModel:
     return CompressedModel.model_validate(body)
 
 
+OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "1a2b3c4d-0000"}}
+
+
 def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget() -> None:
     spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8).spec
-    plan = compression_plan(spec, CATALOG)
-    target = plan["target"]
+    plan = compression_plan(spec, Precision.NVFP4)
+    target = plan.model_dump(by_alias=True, exclude_none=True)["target"]
     assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "batch": 8, "context": 1_000_000,
                       "throughput": 2.0,  # per-token latency x0.5 at the batch is 2x decode throughput
-                      "memoryGiB": 78.0, "paramsBillions": 76, "activeParamsBillions": 9.5}
-    assert plan["parent"] == "hf://nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
-    assert plan["rounds"] == 3 and plan["gkd"]["tokens"] == 4_000_000_000
-    Plan.model_validate(plan)  # what the Job will load
+                      "memoryGiB": 78.0, "paramsBillions": 76, "activeParamsBillions": 9.5, "costs": "auto"}
+    assert plan.parent == "hf://nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
+    assert plan.rounds == 3 and plan.gkd.tokens == 4_000_000_000
 
 
 def test_plan_overrides_merge_and_unknown_fields_fail_with_the_field() -> None:
     spec = example(planOverrides={"library": {"ffnWidths": [0.5]}, "evalTokens": 64}).spec
-    plan = Plan.model_validate(compression_plan(spec, CATALOG))
+    plan = compression_plan(spec, Precision.NVFP4)
     assert plan.library.ffn_widths == [0.5] and plan.library.linear is True and plan.eval_tokens == 64
     with pytest.raises(InvalidPlan, match=r"library\.ffnWidth"):
-        compression_plan(example(planOverrides={"library": {"ffnWidth": [0.5]}}).spec, CATALOG)
+        compression_plan(example(planOverrides={"library": {"ffnWidth": [0.5]}}).spec, Precision.NVFP4)
+
+
+def test_auto_is_resolved_once_for_the_target_and_the_plan_says_so() -> None:
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    body["spec"]["quantization"] = {"precision": "auto", "kvCacheDtype": "auto"}
+    hopper = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    assert (hopper.precision, hopper.kv_cache_dtype.value) == (Precision.FP8, "fp8")
+    assert hopper.quantize is not None and hopper.quantize.format == "fp8"  # never `auto` to a Job
+    assert hopper.puzzle.target.precision is Precision.FP8
+    body["spec"]["compression"]["targetGPU"] = "B200-180GB"
+    assert resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG).precision is Precision.NVFP4
+    body["spec"]["compression"]["targetGPU"] = "A100-80GB"
+    ampere = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    assert ampere.precision is Precision.BF16 and ampere.quantize is None and ampere.stages == ("compress",
+                                                                                                   "evaluate")
+    assert ampere.checkpoint == "/artifacts/m-1a2b3c4d/g2/compress/child"
+    assert BuildPlan.model_validate(yaml.safe_load(hopper.dump())) == hopper  # what the ConfigMap carries
 
 
 def test_absolute_parameter_caps_become_shares_of_the_parent() -> None:
@@ -62,18 +74,18 @@ def test_absolute_parameter_caps_become_shares_of_the_parent() -> None:
     assert resolved.params_billions is None and resolved.active_params_billions is None
 
 
-def test_stage_arguments_and_what_changes_the_build() -> None:
+def test_the_layout_and_what_changes_the_build() -> None:
     spec = example().spec
-    assert quantizes(spec, CATALOG)
-    args = quantize_args(spec, "m-1a2b3c4d", 2, CATALOG)
-    assert args[:5] == ["quantize", "--model", "/artifacts/m-1a2b3c4d/g2/compress/child", "--out",
-                        "/artifacts/m-1a2b3c4d/g2/quantized"]
-    assert args[args.index("--format") + 1] == "nvfp4" and args[args.index("--kv-cache") + 1] == "fp8"
-    assert evaluate_args(spec, "m-1a2b3c4d", 2, CATALOG)[2] == "/artifacts/m-1a2b3c4d/g2/quantized"
+    plan = resolve(spec, OWNER, 2, CATALOG)
+    assert (plan.layout.child, plan.layout.quantized, plan.checkpoint) == (
+        "/artifacts/m-1a2b3c4d/g2/compress/child", "/artifacts/m-1a2b3c4d/g2/quantized",
+        "/artifacts/m-1a2b3c4d/g2/quantized")
+    assert plan.layout.package(3, "h100") == "m-1a2b3c4d/g3/triton-h100"
+    assert plan.layout.result("compress") == "/artifacts/m-1a2b3c4d/g2/results/compress.json"
     cpu = CompressedModel.model_validate({"apiVersion": "tailor.dev/v1alpha1", "kind": "CompressedModel", "spec": {
         "source": {"uri": "pvc://models/toy"}, "compression": {"targetGPU": "cpu", "throughputFactor": 1.2}}})
-    assert not quantizes(cpu.spec, CATALOG)  # auto on a device without FP8: the BF16 child is served
-    assert evaluate_args(cpu.spec, "m-1a2b3c4d", 1, CATALOG)[2] == "/artifacts/m-1a2b3c4d/g1/compress/child"
+    toy = resolve(cpu.spec, OWNER, 1, CATALOG)
+    assert toy.quantize is None and toy.parent == "/source/toy"  # auto on a device without FP8: BF16 served
     base = fingerprint(spec)
     assert fingerprint(example().spec.model_copy(update={"deployment": None})) == base
     assert fingerprint(example(rounds=2).spec) != base
@@ -89,12 +101,6 @@ def test_the_75b_child_config_fits_a_termination_message() -> None:
     assert unpack_config(CompressResult.model_validate_json(result.message()).config) == config
     with pytest.raises(ValueError, match="termination message holds 4096"):
         result.model_copy(update={"pattern": "M" * 5000}).message()
-
-
-def test_stage_jobs_cache_downloads_on_the_claim_and_read_the_source_credentials() -> None:
-    env = {e["name"]: e for e in job_env(example().spec)}
-    assert env["TAILOR_CACHE_DIR"]["value"] == "/artifacts/.cache"
-    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "HF_TOKEN", "optional": True}
 
 
 def test_an_hf_parent_that_cannot_be_downloaded_names_the_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

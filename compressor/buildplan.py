@@ -1,0 +1,146 @@
+"""The build plan: every decision about one CompressedModel build, made once by the operator and read by each
+stage Job (`tailor compress|quantize|evaluate|package --plan plan.yaml`). No Job re-derives anything: the
+precision, the KV-cache dtype, the GPU profiles in force, the paths on the artifacts claim and, for a
+package Job, its pool's sizing are all here. No torch.
+
+Layout of the artifacts claim (`ArtifactLayout`), per object `<name>-<uid8>`:
+
+    <folder>/g<build>/compress/child         the Puzzle child (BF16)
+    <folder>/g<build>/quantized              the exported quantized checkpoint
+    <folder>/g<build>/results/<stage>.json   each stage's result, also kept beside the artifacts
+    <folder>/g<generation>/triton-<pool>/repository   a pool's model repository
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
+from tailor.compressor.memory import KvDtype
+from tailor.compressor.puzzle.plan import Plan, PlanError
+from tailor.compressor.sizing import Sizing
+
+API_VERSION: Literal["tailor.dev/build-plan/v1"] = "tailor.dev/build-plan/v1"
+PLAN_FILE = "plan.yaml"
+ARTIFACTS_MOUNT = "/artifacts"  # the claim, in stage pods
+MODELS_MOUNT = "/models"  # the claim, read-only, in Triton pods
+SOURCE_MOUNT = "/source"  # a pvc:// parent's claim, read-only, in stage pods
+PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
+REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
+MAX_BATCH_CAP = 64  # requests one Python-backend instance batches at most, whatever memory allows
+Stage = Literal["compress", "quantize", "evaluate", "package"]
+BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class ArtifactLayout(_Model):
+    """Where every stage reads and writes on the artifacts claim."""
+
+    folder: str = Field(pattern=r"^[a-z0-9][-a-z0-9]*$", description="The object's folder: <name>-<uid8>.")
+    build: int = Field(ge=1, description="The generation whose Jobs build the artifacts.")
+
+    @property
+    def build_dir(self) -> str:
+        return f"{ARTIFACTS_MOUNT}/{self.folder}/g{self.build}"
+
+    @property
+    def compress_dir(self) -> str:
+        return f"{self.build_dir}/compress"
+
+    @property
+    def child(self) -> str:
+        return f"{self.compress_dir}/child"
+
+    @property
+    def quantized(self) -> str:
+        return f"{self.build_dir}/quantized"
+
+    @property
+    def cache(self) -> str:
+        """Downloads (hf:// parents), shared by the object's stages and builds."""
+        return f"{ARTIFACTS_MOUNT}/.cache"
+
+    def result(self, stage: Stage) -> str:
+        return f"{self.build_dir}/results/{stage}.json"
+
+    def package(self, generation: int, pool: str) -> str:
+        """A pool's `tailor package` folder, relative to the claim's root."""
+        return f"{self.folder}/g{generation}/triton-{pool}"
+
+
+class QuantizeStep(_Model):
+    format: Literal["nvfp4", "fp8"]
+    calibration_tokens: int = Field(ge=16)
+    eval_tokens: int = Field(ge=16)
+
+
+class EvaluateStep(_Model):
+    min_retention: float = Field(gt=0, le=1)
+    eval_tokens: int = Field(ge=16)
+
+
+class PoolServing(_Model):
+    """What a package Job writes for one pool: sized by the operator from the quantize result and the nodes."""
+
+    name: str
+    generation: int = Field(ge=1)
+    gpu_profile: str
+    context: int = Field(ge=1)
+    tensor_parallel: int = Field(ge=1)
+    max_batch_size: int = Field(ge=1, le=MAX_BATCH_CAP)
+    sizing: Sizing
+
+
+class BuildPlan(_Model):
+    """One build, resolved."""
+
+    api_version: Literal["tailor.dev/build-plan/v1"] = API_VERSION
+    model: str = Field(description="The name the model is served under (the CompressedModel's).")
+    fingerprint: str
+    parent: str = Field(description="The parent as a stage pod sees it (a folder or an hf:// URI).")
+    target_gpu: str
+    target_product: str = Field(description="nvidia.com/gpu.product of the nodes the build runs on.")
+    precision: Precision = Field(description="Weights of the served checkpoint; bf16 means no quantize stage.")
+    kv_cache_dtype: KvDtype
+    gpu_profiles: list[GpuProfile] = Field(description="Every GPU profile in force (built-in and the chart's).")
+    layout: ArtifactLayout
+    puzzle: Plan
+    quantize: QuantizeStep | None = Field(None, description="None: the BF16 child is served as it is.")
+    evaluate: EvaluateStep
+    pool: PoolServing | None = Field(None, description="Set in a package Job's plan only.")
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return tuple(s for s in BUILD_STAGES if s != "quantize" or self.quantize is not None)
+
+    @property
+    def checkpoint(self) -> str:
+        """What is evaluated and served: the quantized checkpoint, or the BF16 child."""
+        return self.layout.quantized if self.quantize is not None else self.layout.child
+
+    def catalog(self) -> GpuCatalog:
+        return GpuCatalog(list(self.gpu_profiles))
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+
+    @classmethod
+    def load(cls, path: Path) -> BuildPlan:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise PlanError(f"{path}: cannot read the build plan ({error})") from error
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}"
+                                 for e in error.errors())
+            raise PlanError(f"{path}: not a build plan: {problems}") from error

@@ -1,0 +1,510 @@
+"""The reconciler's decisions: from what a pass observed to the actions to take and the status to write.
+
+Pure: no I/O, no clock (the time comes with `Observed`), so every transition is unit-tested in milliseconds
+(tests/unit/operator). `execute` applies the actions and writes the status.
+
+Per generation: Compress -> Quantize -> Evaluate (the quality gate) -> Deploy. The first three build the
+artifacts and are skipped when a later generation changes only the deployment (same fingerprint). Deploy
+(`rollout`) packages a model repository per pool, starts that generation's revision beside the one serving,
+moves the pool's Service to it once it is ready, then removes the old one. A failed stage fails the
+generation and leaves the serving revision alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from tailor.compressor.architecture import ConfigError, architecture_from_config
+from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.memory import RECIPES
+from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, unpack_config
+from tailor.operator import names
+from tailor.operator.api import (
+    STAGE_PHASES,
+    ArchitectureSummary,
+    BuildStatus,
+    CompressedModelSpec,
+    CompressedModelStatus,
+    Phase,
+    QualityReport,
+    StageName,
+    StageProgress,
+)
+from tailor.operator.conditions import (
+    BUILD_CONDITIONS,
+    COMPRESSED,
+    FAILED,
+    QUALITY_GATE_PASSED,
+    QUANTIZED,
+    READY,
+    Reason,
+    set_condition,
+    without,
+)
+from tailor.operator.deployment import owner_reference
+from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.observe import Observed, job_finished
+from tailor.operator.resolve import InvalidPlan, fingerprint, parent_location, resolve
+from tailor.operator.settings import ALLOWED_LABEL, OperatorSettings
+
+WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
+SETTLED_REQUEUE_S = 300.0
+MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
+STAGE_NAMES: dict[Stage, StageName] = {"compress": "Compress", "quantize": "Quantize", "evaluate": "Evaluate"}
+
+
+@dataclass(frozen=True)
+class Create:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    kind: str
+    name: str
+    patch: dict[str, Any]
+
+
+Action = Create | Delete | Patch
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: CompressedModelStatus
+    actions: list[Action]
+    events: list[Event]
+    phase: Phase
+    requeue_s: float
+
+
+class Refused(Exception):
+    """The generation cannot go on: a reason (a condition reason) and a message naming what and why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:
+    """The status as this operator knows it: fields it does not know (written by a newer operator) and
+    fields that do not validate are left out, never fatal."""
+    known: dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        try:
+            CompressedModelStatus.model_validate({key: value})
+        except ValidationError:
+            continue
+        known[key] = value
+    return CompressedModelStatus.model_validate(known)
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    meta = obj["metadata"]
+    return (any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
+            or (meta.get("labels") or {}).get(names.MODEL_UID) == uid)
+
+
+@dataclass
+class Pass:
+    """One decision in the making: the observed world, the status being written and the actions so far."""
+
+    world: Observed
+    settings: OperatorSettings
+    status: CompressedModelStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.world.model
+
+    @property
+    def name(self) -> str:
+        return str(self.model["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.model["metadata"]["namespace"])
+
+    @property
+    def generation(self) -> int:
+        return int(self.model["metadata"]["generation"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.model["metadata"]["uid"])
+
+    @property
+    def build(self) -> BuildStatus:
+        assert self.status.build is not None
+        return self.status.build
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def condition(self, kind: str, state: bool | None, reason: str, message: str = "") -> None:
+        self.status.conditions = set_condition(self.status.conditions, kind, state, reason, message,
+                                               self.generation, self.world.now)
+
+    def stage(self, name: StageName) -> StageProgress:
+        found = next((s for s in self.status.stages if s.name == name), None)
+        if found is None:
+            found = StageProgress(name=name)
+            self.status.stages.append(found)
+        return found
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def outcome(self, phase: Phase) -> Decision:
+        self.status.phase = phase
+        self.status.observed_generation = self.generation
+        settled = phase in ("Ready", "Failed")
+        return Decision(self.status, self.actions, self.events, phase,
+                        SETTLED_REQUEUE_S if settled else WAITING_REQUEUE_S)
+
+    def fail(self, reason: str, message: str) -> Decision:
+        if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):
+            self.event(reason, message, warning=True)
+        self.condition(FAILED, True, reason, message)
+        serving = self.status.serving_generation
+        self.condition(READY, serving is not None, reason, f"generation {self.generation} failed: {message}" + (
+            f"; generation {serving} keeps serving" if serving is not None else ""))
+        return self.outcome("Failed")
+
+    # --- objects ---------------------------------------------------------------------------------
+
+    def owned(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The object of that name if this CompressedModel owns it; refused if someone else does."""
+        found = self.world.of(kind).get(name)
+        if found is not None and not owned_by(found, self.uid):
+            raise Refused(Reason.OWNED_ELSEWHERE, f"{kind} {name} exists and is not this CompressedModel's "
+                                                  f"(uid {self.uid}); delete or rename it")
+        return found
+
+    def mine(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.world.of(kind).values() if owned_by(o, self.uid)]
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.actions.append(Create(manifest))
+
+    def delete(self, kind: str, name: str) -> None:
+        self.actions.append(Delete(kind, name))
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": names.model_labels(self.model),
+                "ownerReferences": [owner_reference(self.model)]}
+
+
+# --- the pass ------------------------------------------------------------------------------------------
+
+
+def decide(world: Observed, settings: OperatorSettings) -> Decision:
+    """The next actions and the status for the object `world` observed."""
+    from tailor.operator import rollout  # deploy builds on this module's Pass
+
+    p = Pass(world, settings, read_status(world.model.get("status")))
+    try:
+        spec = CompressedModelSpec.model_validate(world.model["spec"])
+    except ValidationError as error:
+        return p.fail(Reason.INVALID_SPEC, f"the spec does not validate: {error}")
+    try:
+        admit(p, spec)
+        start_build(p, spec)
+        plan = build_plan(p, spec)
+        delete_superseded_jobs(p)
+        for stage in plan.stages:
+            if not advance(p, spec, plan, stage):
+                return p.outcome(STAGE_PHASES[STAGE_NAMES[stage]])
+        if spec.deployment is None:
+            rollout.remove_serving(p, keep=set())
+            p.condition(READY, True, Reason.BUILT, "the model is built; the spec asks for no deployment")
+            return p.outcome("Ready")
+        return rollout.deploy(p, spec, plan)
+    except Refused as refused:
+        return p.fail(refused.reason, refused.message)
+
+
+def admit(p: Pass, spec: CompressedModelSpec) -> None:
+    """What a tenant may not ask for, whatever the API server let through: images outside the allowlist and
+    pod annotations outside the allowed prefixes."""
+    images = {"spec.jobs.image": spec.jobs.image,
+              "spec.deployment.tritonImage": spec.deployment.triton_image if spec.deployment else None}
+    for where, image in images.items():
+        if image is not None and not p.settings.image_allowed(image):
+            raise Refused(Reason.IMAGE_NOT_ALLOWED, f"{where} {image!r} is not an allowed image (the operator "
+                                                    f"allows {p.settings.job_image} and images under "
+                                                    f"{', '.join(p.settings.image_prefixes) or 'no prefix'})")
+    refused = sorted(k for k in spec.jobs.pod_annotations if not p.settings.annotation_allowed(k))
+    if refused:
+        raise Refused(Reason.ANNOTATION_NOT_ALLOWED, f"spec.jobs.podAnnotations {refused} are not allowed; allowed "
+                                                     f"prefixes: {', '.join(p.settings.annotation_prefixes)}")
+
+
+def start_build(p: Pass, spec: CompressedModelSpec) -> None:
+    """A new build when the artifacts' inputs changed, or when a new generation follows a build whose Job
+    failed (a retry); otherwise this generation reuses the last build. A failed quality gate is not retried:
+    the same inputs give the same child."""
+    digest = fingerprint(spec)
+    build, new_generation = p.status.build, p.status.observed_generation != p.generation
+    job_failed = any(s.state == "Failed" and s.name != "Deploy" and s.reason != Reason.QUALITY_GATE_FAILED
+                     for s in p.status.stages)
+    if build is not None and build.fingerprint == digest and not (job_failed and new_generation):
+        if new_generation:
+            p.status.conditions = without(p.status.conditions, FAILED)
+            p.status.stages = [s for s in p.status.stages if s.name != "Deploy"]
+        return
+    if p.generation >= 10**names.MAX_GENERATION_DIGITS:
+        raise Refused(Reason.INVALID_SPEC, f"generation {p.generation} is past the {names.MAX_GENERATION_DIGITS} "
+                                           "digits derived names allow; create a new CompressedModel")
+    p.status.build = BuildStatus(generation=p.generation, fingerprint=digest)
+    p.status.stages, p.status.architecture, p.status.quality = [], None, None
+    p.status.conditions = without(p.status.conditions, FAILED, *BUILD_CONDITIONS)
+    p.event("BuildStarted", f"generation {p.generation} builds new artifacts (fingerprint {digest})")
+
+
+def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
+    """The build's plan: as written in its ConfigMap once that exists (what the Jobs read), else resolved
+    now. Its resolved values go into the status."""
+    config_map = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation))
+    if config_map is not None:
+        try:
+            plan = BuildPlan.model_validate(yaml.safe_load((config_map.get("data") or {})[PLAN_FILE]))
+        except (KeyError, yaml.YAMLError, ValidationError) as error:
+            raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
+                                               f"plan: {error}") from error
+    else:
+        try:
+            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog)
+        except (InvalidPlan, ValueError) as error:
+            raise Refused(Reason.INVALID_PLAN, str(error)) from error
+    p.status.build = p.build.model_copy(update={"precision": plan.precision.value,
+                                                "kv_cache_dtype": plan.kv_cache_dtype.value,
+                                                "target_product": plan.target_product})
+    return plan
+
+
+def delete_superseded_jobs(p: Pass) -> None:
+    """Jobs of a generation that is neither the build's nor the current one: they hold GPUs for nothing."""
+    keep = {str(p.build.generation), str(p.generation)}
+    for job in p.mine("Job"):
+        if job["metadata"]["labels"].get(names.GENERATION) not in keep and not job["metadata"].get(
+                "deletionTimestamp"):
+            p.delete("Job", job["metadata"]["name"])
+
+
+# --- storage -------------------------------------------------------------------------------------------
+
+
+def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
+    """Make sure the artifacts claim is there to write to (creating Tailor's own); None when it is, else
+    what the object waits for. An existingClaim must be labelled for Tailor; a claim of Tailor's name
+    that another object (or an earlier object of the same name) created is never adopted."""
+    claim = p.world.claim
+    if spec.storage.existing_claim is not None:
+        name = spec.storage.existing_claim
+        if claim is None:
+            return f"waiting for PersistentVolumeClaim {name} (spec.storage.existingClaim) to exist"
+        if (claim["metadata"].get("labels") or {}).get(ALLOWED_LABEL) != "true":
+            raise Refused(Reason.CLAIM_NOT_ALLOWED, f"spec.storage.existingClaim {name} is not labelled "
+                                                    f"{ALLOWED_LABEL}=true; label it to let Tailor write there")
+        return None
+    name = names.claim_name(p.name)
+    if claim is None:
+        manifest: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": p.namespace,
+                         "labels": {**names.model_labels(p.model), names.MODEL_UID: p.uid}},
+            "spec": {"accessModes": ["ReadWriteMany"],
+                     "resources": {"requests": {"storage": spec.storage.size or p.settings.claim_size}}}}
+        if spec.storage.storage_class_name is not None:
+            manifest["spec"]["storageClassName"] = spec.storage.storage_class_name
+        p.create(manifest)
+        p.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
+        return None
+    if claim["metadata"].get("deletionTimestamp"):
+        return f"waiting for PersistentVolumeClaim {name}, being deleted, to go before creating it anew"
+    if not owned_by(claim, p.uid):
+        raise Refused(Reason.OWNED_ELSEWHERE, f"PersistentVolumeClaim {name} exists and was not created for this "
+                                              f"CompressedModel (uid {p.uid}); delete it, or label it "
+                                              f"{ALLOWED_LABEL}=true and name it in spec.storage.existingClaim")
+    return None
+
+
+def claim_of(p: Pass, spec: CompressedModelSpec) -> str:
+    return spec.storage.existing_claim or names.claim_name(p.name)
+
+
+def service_account(p: Pass, name: str) -> None:
+    """A ServiceAccount for the stage or Triton pods of this namespace: no API token is mounted and no role
+    is bound to it; it carries the image pull secrets. Shared by the namespace's models, so not owned; a
+    create that finds it there is fine."""
+    p.create({"apiVersion": "v1", "kind": "ServiceAccount",
+              "metadata": {"name": name, "namespace": p.namespace, "labels": dict(names.MANAGED)},
+              "automountServiceAccountToken": False,
+              "imagePullSecrets": [{"name": secret} for secret in p.settings.image_pull_secrets]})
+
+
+def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
+    """The plan a Job reads, unless it is already there; immutable, as the Jobs that read it."""
+    if p.owned("ConfigMap", name) is None:
+        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
+                  "data": {PLAN_FILE: plan.dump()}})
+
+
+def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
+              config_map: str, gpu_product: str, pool: str | None = None) -> None:
+    """Create a stage's Job (and what it needs) unless something keeps it waiting; then `p` says so."""
+    jobs = spec.jobs
+    settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
+                           gpus_per_node=0 if stage == "package" else 1 if stage == "evaluate" else jobs.gpus_per_node,
+                           nodes=jobs.nodes if stage == "compress" else 1, backoff_limit=jobs.backoff_limit,
+                           active_deadline_seconds=jobs.active_deadline_seconds)
+    service_account(p, p.settings.job_service_account)
+    plan_config_map(p, config_map, plan)
+    env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
+    if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
+    for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
+                              jobs.pod_annotations, parent_location(spec)[1], pool, env):
+        p.create(manifest)
+    name = names.job_name(p.name, generation, stage, pool)
+    p.event("JobCreated", f"created Job {name}: tailor {stage}")
+
+
+def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
+    """The Job's result message once it succeeded; None while it runs; refused when it failed."""
+    name = job["metadata"]["name"]
+    state = job_finished(job)
+    if state == "Failed":
+        failure = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
+        detail = p.world.results.get(name)
+        reason = str(failure.get("reason") or Reason.JOB_FAILED)
+        raise Refused(reason, f"Job {name} failed: {failure.get('message', '')}" + (f"; {detail}" if detail else ""))
+    if state is None:
+        return None
+    return p.world.results.get(name, "")
+
+
+def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -> bool:
+    """Advance one build stage; True once it has succeeded."""
+    progress = p.stage(STAGE_NAMES[stage])
+    if progress.state == "Succeeded":
+        return True
+    if progress.state == "Failed":
+        raise Refused(progress.reason or Reason.JOB_FAILED, progress.message or f"{progress.name} failed")
+    name = names.job_name(p.name, p.build.generation, stage)
+    job = p.owned("Job", name)
+    try:
+        if job is None:
+            if (waiting := claim_ready(p, spec)) is not None:
+                progress.message = waiting
+                return False
+            start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
+                      plan.target_product)
+            progress.job_name, progress.state, progress.message = name, "Running", "Job created"
+            progress.started_at = progress.started_at or p.world.now
+            return False
+        progress.job_name, progress.state = name, "Running"
+        progress.started_at = progress.started_at or p.world.now
+        message = job_outcome(p, job)
+        if message is None:
+            active = (job.get("status") or {}).get("active", 0)
+            progress.message = f"{active} pod(s) running" if active else "waiting for a pod"
+            return False
+        if not message:
+            raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
+        record(p, spec, plan, stage, message)
+    except Refused as refused:
+        progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
+        raise
+    progress.state, progress.progress, progress.reason = "Succeeded", 1.0, Reason.JOB_SUCCEEDED
+    progress.completed_at, progress.message = p.world.now, None
+    return True
+
+
+# --- results -------------------------------------------------------------------------------------------
+
+
+def record(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, message: str) -> None:
+    """Check a stage's result (untrusted: it comes from a pod) and copy it into the status."""
+    try:
+        {"compress": record_compress, "quantize": record_quantize, "evaluate": record_gate}[stage](
+            p, spec, plan, message)
+    except (ValidationError, ValueError, ConfigError) as error:
+        raise Refused(Reason.INVALID_RESULT, f"the {stage} Job's result is not what tailor writes: "
+                                             f"{str(error)[:1024]}") from error
+
+
+def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+    result = CompressResult.model_validate_json(message)
+    config = unpack_config(result.config)
+    arch = architecture_from_config(config, f"the compress Job's child config of {p.name}")
+    if len(arch.blocks) > MAX_BLOCKS:
+        raise ValueError(f"the child has {len(arch.blocks)} blocks, more than {MAX_BLOCKS}")
+    p.status.build = p.build.model_copy(update={"child_config": result.config})
+    if plan.quantize is None:
+        p.status.build = p.build.model_copy(update={"recipe": "bf16"})
+    p.status.architecture = ArchitectureSummary(
+        total_params_billions=round(result.params / 1e9, 4),
+        active_params_billions=round(result.active_params / 1e9, 4), blocks=len(arch.blocks), precision=p.build.recipe,
+        summary=f"{result.pattern}; predicted {result.predicted_speedup:.3f}x decode, KL to parent "
+                f"{result.kl_to_parent:.4f}")
+    p.condition(COMPRESSED, True, Reason.JOB_SUCCEEDED, f"{result.params / 1e9:.3f}B parameters "
+                f"({result.active_params / 1e9:.3f}B active) from {result.parent_params / 1e9:.3f}B")
+    cap = spec.compression.max_active_params_billions
+    if cap is not None and result.active_params > cap * 1e9:
+        raise Refused(Reason.ACTIVE_PARAMS_ABOVE_CAP, f"the child has {result.active_params / 1e9:.3f}B active "
+                                                      f"parameters, above maxActiveParamsBillions {cap}")
+
+
+def record_quantize(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+    result = QuantizeResult.model_validate_json(message)
+    recipe = RECIPES.get(result.recipe)
+    if recipe is None or recipe.precision is not plan.precision:
+        raise ValueError(f"recipe {result.recipe!r} is not a {plan.precision.value} recipe of tailor's")
+    kv = "fp8" if result.kv_cache_quant_algo == "FP8" else "bf16"
+    if kv != plan.kv_cache_dtype.value:
+        raise ValueError(f"the KV cache was quantized as {kv}, the plan asked for {plan.kv_cache_dtype.value}")
+    p.status.build = p.build.model_copy(update={"recipe": recipe.name, "weight_bytes": result.weight_bytes})
+    if p.status.architecture is not None:
+        p.status.architecture.precision = recipe.name
+    p.condition(QUANTIZED, True, Reason.JOB_SUCCEEDED, f"{recipe.name}: {result.weight_bytes / 1e9:.3f} GB of weights")
+
+
+def record_gate(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+    """The operator's own verdict from the measured scores and the spec's floor (the pod's `passed` is not
+    trusted)."""
+    gate = GateResult.model_validate_json(message)
+    if gate.parent_score <= 0:
+        raise ValueError(f"parent score {gate.parent_score}: the parent must score above 0 to compare with")
+    floor = spec.compression.min_quality_retention
+    retention = gate.child_score / gate.parent_score
+    passed = retention >= floor and math.isfinite(retention)
+    p.status.quality = QualityReport(metric=gate.metric, parent_score=gate.parent_score, child_score=gate.child_score,
+                                     retention=round(retention, 6), passed=passed)
+    verdict = (f"retention {retention:.4f} against a floor of {floor} ({gate.metric}: child {gate.child_score:.4f}, "
+               f"parent {gate.parent_score:.4f})")
+    reason = Reason.QUALITY_GATE_PASSED if passed else Reason.QUALITY_GATE_FAILED
+    p.condition(QUALITY_GATE_PASSED, passed, reason, verdict)
+    if not passed:
+        raise Refused(Reason.QUALITY_GATE_FAILED, verdict)
+    p.event("QualityGatePassed", verdict)

@@ -1,0 +1,87 @@
+"""The thin, effectful side of a pass: observe, `decide`, apply the actions through `Kube`, then write the
+status (only when it changed) and post the Events (only once the status is written).
+
+A write the API server refuses with a 4xx (other than 404 on a delete and 409 on a create, which mean the
+work is already done) ends the generation in `Failed` with reason ApiRejected, naming the object and the
+server's message; the operator never retries a refusal in a silent loop. 5xx and throttling are retried by
+`Kube` and then by the daemon's backoff.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from tailor.operator.conditions import Reason
+from tailor.operator.decide import Create, Decision, Delete, Pass, Patch, decide, read_status
+from tailor.operator.kube import Kube
+from tailor.operator.observe import Observed, observe
+from tailor.operator.settings import OperatorSettings
+
+
+def server_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (ValueError, AttributeError):
+        return str(error.body or error.reason)[:512]
+
+
+def apply(kube: Kube, world: Observed, decision: Decision, settings: OperatorSettings) -> Decision:
+    """Carry out the actions in order; a refused write fails the generation instead."""
+    meta = world.model["metadata"]
+    owner, namespace = f"{meta['namespace']}/{meta['name']}", meta["namespace"]
+    for action in decision.actions:
+        try:
+            if isinstance(action, Create):
+                kube.create(owner, action.manifest)
+            elif isinstance(action, Delete):
+                kube.delete(owner, action.kind, namespace, action.name)
+            elif isinstance(action, Patch):
+                kube.merge_patch(owner, action.kind, namespace, action.name, action.patch)
+        except ApiException as error:
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+            kind, name = ((action.manifest["kind"], action.manifest["metadata"]["name"])
+                          if isinstance(action, Create) else (action.kind, action.name))
+            verb = type(action).__name__.lower()
+            failed = Pass(world, settings, decision.status, events=decision.events)
+            return failed.fail(Reason.API_REJECTED, f"the API server refused to {verb} {kind} {name}: "
+                                                    f"{error.status} {server_message(error)}")
+    return decision
+
+
+def reconcile(kube: Kube, namespace: str, name: str, settings: OperatorSettings) -> Decision | None:
+    """One pass on the object as the API server has it now (None once it is gone)."""
+    world = observe(kube, namespace, name)
+    if world is None:
+        return None
+    decision = apply(kube, world, decide(world, settings), settings)
+    before = _dump(read_status(world.model.get("status")))
+    after = _dump(decision.status)
+    if after != before:
+        kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, after))
+    for event in decision.events:
+        kube.event(f"{namespace}/{name}", world.model, event.type, event.reason, event.message)
+    return decision
+
+
+def _dump(status: Any) -> dict[str, Any]:
+    dumped: dict[str, Any] = json.loads(status.model_dump_json(by_alias=True, exclude_none=True))
+    return dumped
+
+
+def merge_patch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """An RFC 7386 merge patch from `before` to `after` (keys that went away become null). `before` holds
+    only the fields this operator knows, so a newer operator's fields are left alone."""
+    patch: dict[str, Any] = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            inner = merge_patch(old, value)
+            if inner:
+                patch[key] = inner
+        elif value != old:
+            patch[key] = value
+    return patch

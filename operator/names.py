@@ -1,0 +1,70 @@
+"""The operator's vocabulary, in one place: its version, label keys, the names it derives for the objects it
+owns, and the stages. Every derived name must stay a DNS label (63 characters, starting with a letter): the
+CRD refuses object and pool names that would break one (`api.NAME_BUDGET`)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from tailor.compressor.buildplan import Stage
+from tailor.operator.api import GROUP, NAME_BUDGET, StageName
+
+VERSION = metadata.version("tailor")
+USER_AGENT = f"tailor-operator/{VERSION}"
+FINALIZER = f"{GROUP}/finalizer"
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "app.kubernetes.io/name"
+MODEL = f"{GROUP}/model"
+MODEL_UID = f"{GROUP}/model-uid"  # on objects not owned through ownerReferences (the claim)
+STAGE = f"{GROUP}/stage"
+GENERATION = f"{GROUP}/generation"
+POOL = f"{GROUP}/pool"
+REVISION = f"{GROUP}/revision"
+MANAGED = {MANAGED_BY: "tailor"}
+
+STAGE_COMMANDS: dict[StageName, Stage] = {"Compress": "compress", "Quantize": "quantize", "Evaluate": "evaluate"}
+MAX_GENERATION_DIGITS = 6  # names carry g<generation>; the CRD's NAME_BUDGET leaves room for six digits
+assert 63 - len("-g") - MAX_GENERATION_DIGITS - len("-package-") == NAME_BUDGET
+
+
+def model_labels(model: dict[str, Any]) -> dict[str, str]:
+    return {**MANAGED, MODEL: model["metadata"]["name"]}
+
+
+def claim_name(name: str) -> str:
+    return f"{name}-artifacts"
+
+
+def job_name(name: str, generation: int, stage: Stage, pool: str | None = None) -> str:
+    return f"{name}-g{generation}-{stage}" + (f"-{pool}" if pool else "")
+
+
+def plan_name(name: str, generation: int) -> str:
+    """The build plan ConfigMap the build's stage Jobs read."""
+    return f"{name}-g{generation}-plan"
+
+
+def package_plan_name(name: str, generation: int, pool: str) -> str:
+    """A package Job's plan (the build plan with its pool's sizing): named like the Job."""
+    return job_name(name, generation, "package", pool)
+
+
+def service_name(name: str, pool: str) -> str:
+    return f"{name}-{pool}"
+
+
+def revision_name(name: str, pool: str, generation: int) -> str:
+    return f"{service_name(name, pool)}-g{generation}"
+
+
+def revision_of(generation: int) -> str:
+    return f"g{generation}"
+
+
+def folder(model: dict[str, Any]) -> str:
+    """The object's folder on the artifacts claim: its name and uid, so that a claim kept (deletionPolicy
+    Retain) for a deleted object is never mistaken for a new object's of the same name."""
+    meta = model["metadata"]
+    return f"{meta['name']}-{meta['uid'][:8]}"

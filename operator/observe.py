@@ -1,0 +1,85 @@
+"""What one reconciliation pass sees: the object and everything of it the API server holds, read in a few
+list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized, and the
+termination messages of finished Jobs whose result the status has not taken yet.
+
+`Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailor.operator import names
+from tailor.operator.kube import Kube
+
+KINDS = ("Job", "Deployment", "Service", "ConfigMap")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The object and the objects carrying its name label, by kind and name (owned or not: `decide`
+    checks the owner before it adopts anything)."""
+
+    model: dict[str, Any]
+    objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    claim: dict[str, Any] | None = None  # the claim the object writes to (its own or the existingClaim)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
+    now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+
+    def of(self, kind: str) -> dict[str, dict[str, Any]]:
+        return self.objects.get(kind, {})
+
+
+def job_finished(job: dict[str, Any]) -> str | None:
+    """`Complete` or `Failed` once the Job controller says so, else None."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return str(condition["type"])
+    return None
+
+
+def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Whether the status already holds what this finished Job had to say."""
+    if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
+        return True  # a package Job's result is the repository on the claim
+    return any(s.get("jobName") == job["metadata"]["name"] and s.get("state") in ("Succeeded", "Failed")
+               for s in status.get("stages") or [])
+
+
+def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """The newest termination message per Job, from rank 0 of an Indexed Job."""
+    found: dict[str, tuple[str, str]] = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        job = (meta.get("labels") or {}).get("batch.kubernetes.io/job-name")
+        if job is None or (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", "0") != "0":
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            created = meta.get("creationTimestamp", "")
+            if message and (job not in found or created > found[job][0]):
+                found[job] = (created, str(message).strip())
+    return {job: message for job, (_, message) in found.items()}
+
+
+def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
+    """Everything a pass needs; None once the object is gone or going."""
+    owner = f"{namespace}/{name}"
+    model = kube.get(owner, "CompressedModel", namespace, name)
+    if model is None or model["metadata"].get("deletionTimestamp"):
+        return None
+    selector = {names.MODEL: name}
+    objects = {kind: {o["metadata"]["name"]: o for o in kube.select(owner, kind, namespace, selector)}
+               for kind in KINDS}
+    spec, status = model.get("spec") or {}, model.get("status") or {}
+    claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
+    claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
+    results: dict[str, str] = {}
+    if any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
+        results = termination_messages(kube.select(owner, "Pod", namespace, selector))
+    sizing = spec.get("deployment") and (status.get("build") or {}).get("childConfig")
+    return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if sizing else [],
+                    results=results)

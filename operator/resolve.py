@@ -1,0 +1,136 @@
+"""From a CompressedModel's spec to its `BuildPlan`: every decision made once, here.
+
+`resolve` is pure and torch-free: the same spec, settings and build give the same plan. The operator writes
+the plan into a ConfigMap that each stage Job reads (`--plan`), and reads it back from there on later passes,
+so what the Jobs run and what the operator believes they run cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from tailor.compressor.buildplan import (
+    SOURCE_MOUNT,
+    ArtifactLayout,
+    BuildPlan,
+    EvaluateStep,
+    QuantizeStep,
+)
+from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
+from tailor.compressor.memory import resolve_kv_dtype
+from tailor.compressor.puzzle.plan import Plan, Training
+from tailor.operator import names
+from tailor.operator.api import CompressedModelSpec
+
+BUILD_FIELDS = ("source", "compression", "quantization")
+CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
+# Plan fields the operator derives from the spec: planOverrides may not change them.
+DECIDED = {"parent": "spec.source", "data.text": "the operator", "target.gpu": "spec.compression.targetGPU",
+           "target.precision": "spec.quantization.precision", "target.batch": "spec.compression.batch",
+           "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
+           "bld.tokens": "spec.compression.distillation.blockwiseTokens",
+           "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+class InvalidPlan(ValueError):
+    """The spec (with its planOverrides) does not make a valid build plan; the message names the field."""
+
+
+def quantity_bytes(quantity: str) -> float:
+    for suffix in sorted(_UNITS, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return float(quantity[:-len(suffix)]) * _UNITS[suffix]
+    return float(quantity)
+
+
+def fingerprint(spec: CompressedModelSpec) -> str:
+    """What the artifacts depend on: equal fingerprints mean a generation can reuse another's build."""
+    fields = spec.model_dump(mode="json", by_alias=True, include=set(BUILD_FIELDS))
+    fields["image"] = spec.jobs.image
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parent_location(spec: CompressedModelSpec) -> tuple[str, str | None]:
+    """The parent as the stage pods see it, and the claim to mount for a pvc:// source."""
+    uri = spec.source.uri
+    if uri.startswith("pvc://"):
+        claim, _, path = uri.removeprefix("pvc://").partition("/")
+        return f"{SOURCE_MOUNT}/{path}", claim
+    return uri if spec.source.revision == "main" else f"{uri}@{spec.source.revision}", None
+
+
+def _paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    return [p for key, value in tree.items()
+            for p in ([f"{prefix}{key}"] + (_paths(value, f"{prefix}{key}.") if isinstance(value, dict) else []))]
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merge(merged[key], value) if nested else value
+    return merged
+
+
+def compression_plan(spec: CompressedModelSpec, precision: Precision) -> Plan:
+    """The Puzzle plan the compression Job runs.
+
+    `latencyFactor` is per-token (decode) latency at the spec's batch, so it becomes a decode throughput
+    target of 1 / latencyFactor; the plan's own `latency` (prefill) is left to planOverrides."""
+    c = spec.compression
+    overrides = c.plan_overrides or {}
+    decided = sorted(f"planOverrides.{p} is set from {DECIDED[p]}" for p in _paths(overrides) if p in DECIDED)
+    if decided:
+        raise InvalidPlan("spec.compression: " + "; ".join(decided))
+    throughputs = [t for t in (c.throughput_factor, None if c.latency_factor is None else 1 / c.latency_factor)
+                   if t is not None]
+    target: dict[str, Any] = {"gpu": c.target_gpu.value, "precision": precision.value, "batch": c.batch,
+                              "context": c.context_length}
+    if throughputs:
+        target["throughput"] = max(throughputs)
+    if c.memory_budget_per_gpu is not None:
+        target["memoryGiB"] = quantity_bytes(c.memory_budget_per_gpu) / 2**30
+    if c.max_total_params_billions is not None:
+        target["paramsBillions"] = c.max_total_params_billions
+    if c.max_active_params_billions is not None:
+        target["activeParamsBillions"] = c.max_active_params_billions
+
+    def training(default: Training, tokens: int) -> dict[str, Any]:
+        return {"tokens": tokens, "lr": default.lr, "batch": default.batch}
+
+    defaults = Plan.model_fields
+    plan = {"parent": parent_location(spec)[0], "target": target, "rounds": c.rounds,
+            "bld": training(defaults["bld"].default, c.distillation.blockwise_tokens),
+            "gkd": training(defaults["gkd"].default, c.distillation.global_tokens)}
+    try:
+        return Plan.model_validate(_merge(plan, overrides))
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}" for e in error.errors())
+        raise InvalidPlan(f"spec.compression (with planOverrides) makes an invalid plan: {problems}") from error
+
+
+def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog) -> BuildPlan:
+    """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force."""
+    gpu = catalog.get(spec.compression.target_gpu.value)
+    if not gpu.gfd_products:
+        raise InvalidPlan(f"spec.compression.targetGPU: GPU profile {gpu.name} names no nvidia.com/gpu.product to "
+                          "select nodes by (gfdProducts in the GPU profiles)")
+    precision = resolve_precision(spec.quantization.precision, gpu)
+    quality_tokens = spec.compression.quality_tokens
+    return BuildPlan(
+        model=model["metadata"]["name"], fingerprint=fingerprint(spec), parent=parent_location(spec)[0],
+        target_gpu=gpu.name, target_product=gpu.gfd_products[0], precision=precision,
+        kv_cache_dtype=resolve_kv_dtype(spec.quantization.kv_cache_dtype, gpu),
+        gpu_profiles=list(catalog.profiles.values()),
+        layout=ArtifactLayout(folder=names.folder(model), build=build),
+        puzzle=compression_plan(spec, precision),
+        quantize=None if precision is Precision.BF16 else QuantizeStep(
+            format=precision.value, calibration_tokens=spec.quantization.calibration_samples * CALIBRATION_WINDOW,
+            eval_tokens=quality_tokens),
+        evaluate=EvaluateStep(min_retention=spec.compression.min_quality_retention, eval_tokens=quality_tokens))

@@ -1,0 +1,213 @@
+"""Deploy: per pool, package the build for the pool, start this generation's revision beside the one
+serving, move the pool's Service to it once it is available, then retire the pool's other revisions.
+
+What node churn may not do: a pool whose nodes are NotReady, report no GPUs or were scaled to zero is
+skipped for new revisions, but whatever it serves keeps serving. Only a pool removed from the spec loses its
+revisions and Service, and only once every pool of the spec serves this generation. A revision that cannot
+become available (its Deployment reports ProgressDeadlineExceeded) is deleted, freeing its GPUs, and fails
+the generation; the previous revision keeps serving.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailor.compressor.architecture import architecture_from_config
+from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.memory import RECIPES, KvDtype
+from tailor.compressor.results import unpack_config
+from tailor.operator import names
+from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
+from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
+from tailor.operator.decide import (
+    Decision,
+    Pass,
+    Patch,
+    Refused,
+    claim_of,
+    claim_ready,
+    job_outcome,
+    service_account,
+    start_job,
+)
+from tailor.operator.deployment import PORTS, SERVING_SERVICE_ACCOUNT, TRITON, manifests, service
+from tailor.operator.pools import Built, PoolPlan, plan_pool
+
+REVISION_KINDS = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment")
+
+
+def built(p: Pass) -> Built:
+    """What the build produced, from the status its Jobs' results were recorded in."""
+    build = p.build
+    if build.child_config is None or build.recipe is None or build.kv_cache_dtype is None:
+        raise Refused(Reason.INVALID_RESULT, "the build recorded no child config, recipe or KV-cache dtype to size "
+                                             "deployments with")
+    arch = architecture_from_config(unpack_config(build.child_config), f"status.build.childConfig of {p.name}")
+    return Built(arch=arch, recipe=RECIPES[build.recipe], kv_dtype=KvDtype(build.kv_cache_dtype))
+
+
+def available(deployment: dict[str, Any]) -> tuple[bool, int]:
+    """Whether a revision is available at its current spec, and its available replicas."""
+    status, wanted = deployment.get("status") or {}, (deployment.get("spec") or {}).get("replicas", 1)
+    count = int(status.get("availableReplicas", 0))
+    current = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
+    return current and count >= wanted and status.get("updatedReplicas", 0) >= wanted, count
+
+
+def stalled(deployment: dict[str, Any]) -> str | None:
+    """The Deployment controller's message once the revision is past its progress deadline."""
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return str(condition.get("message") or "ProgressDeadlineExceeded")
+    return None
+
+
+def delete_revision(p: Pass, name: str) -> None:
+    for kind in REVISION_KINDS:
+        p.delete(kind, name)
+    p.event("RevisionDeleted", f"deleted Deployment {name}")
+
+
+def revisions(p: Pass, pool: str) -> list[dict[str, Any]]:
+    return [d for d in p.mine("Deployment") if d["metadata"]["labels"].get(names.POOL) == pool]
+
+
+def serving_revision(service_object: dict[str, Any] | None) -> str | None:
+    return ((service_object or {}).get("spec", {}).get("selector") or {}).get(names.REVISION)
+
+
+def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodePoolTarget, found: Built
+                ) -> tuple[PoolStatus, bool | None]:
+    """One pool's step; its status and whether this generation serves there (None: skipped, not waited for)."""
+    deployment = spec.deployment
+    assert deployment is not None
+    revision = names.revision_of(p.generation)
+    service_name = names.service_name(p.name, pool.name)
+    current = p.owned("Service", service_name)
+    serving = serving_revision(current)
+    mine = p.owned("Deployment", names.revision_name(p.name, pool.name, p.generation))
+    sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog)
+    status = PoolStatus(name=pool.name, gpu_product=sized.gpu_product, gpus_per_replica=sized.tensor_parallel,
+                        concurrency_per_gpu=int(sized.concurrency_per_gpu or 0) if sized.sizing else None,
+                        concurrency_per_replica=sized.concurrency_per_replica, replicas=sized.replicas,
+                        revision=serving, skipped=sized.skipped)
+    if serving is not None:
+        old = p.world.of("Deployment").get(f"{service_name}-{serving}")
+        status.ready_replicas = available(old)[1] if old is not None else 0
+    if mine is None:
+        if sized.skipped is not None:
+            return status, None
+        if not package(p, spec, plan, sized):
+            return status, False
+        service_account(p, p.settings.serving_service_account)
+        package_folder = plan.layout.package(p.generation, pool.name)
+        for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
+                                  p.settings.serving_service_account or SERVING_SERVICE_ACCOUNT):
+            p.create(manifest)
+        p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, pool.name, p.generation)}: "
+                                   f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "
+                                   f"{sized.concurrency_per_replica} concurrent requests each")
+        if current is None:  # the first revision: the Service can point at it from the start
+            p.create(service(p.model, pool.name, p.generation))
+            status.revision = revision
+        return status, False
+    status.skipped = None  # this generation's revision exists: it is rolled out whatever the nodes say now
+    if (problem := stalled(mine)) is not None:
+        delete_revision(p, mine["metadata"]["name"])
+        raise Refused(Reason.REVISION_FAILED, f"Deployment {mine['metadata']['name']} cannot become available: "
+                                              f"{problem}")
+    ready, count = available(mine)
+    if current is None:
+        p.create(service(p.model, pool.name, p.generation))
+        status.revision = revision
+    elif ready and serving != revision:  # never send traffic to a revision that is not ready
+        p.actions.append(Patch("Service", service_name, {"spec": {"selector": {names.REVISION: revision}}}))
+        p.event("TrafficSwitched", f"Service {service_name} moved from {serving} to {revision}")
+        status.revision = revision
+    if status.revision == revision:
+        status.ready_replicas = count
+        if ready:
+            for other in revisions(p, pool.name):
+                if other["metadata"]["labels"].get(names.REVISION) != revision:
+                    delete_revision(p, other["metadata"]["name"])
+    return status, ready and status.revision == revision
+
+
+def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:
+    """The pool's `tailor package` Job, reading the build plan with the pool's sizing; True once done."""
+    deployment = spec.deployment
+    assert deployment is not None and sized.gpu_product is not None
+    name = names.job_name(p.name, p.generation, "package", sized.name)
+    job = p.owned("Job", name)
+    progress = p.stage("Deploy")
+    if job is None:
+        if (waiting := claim_ready(p, spec)) is not None:
+            progress.message = waiting
+            return False
+        pool_plan = plan.model_copy(update={"pool": sized.serving(p.generation, deployment.context_length)})
+        start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
+                                                                                        sized.name),
+                  sized.gpu_product, pool=sized.name)
+        return False
+    return job_outcome(p, job) is not None
+
+
+def remove_serving(p: Pass, keep: set[str]) -> None:
+    """Revisions and Services of pools not in `keep` (gone from the spec, or no deployment at all)."""
+    for deployment in p.mine("Deployment"):
+        pool = deployment["metadata"]["labels"].get(names.POOL)
+        if pool not in keep and deployment["metadata"]["labels"].get(names.APP_NAME) == TRITON[names.APP_NAME]:
+            delete_revision(p, deployment["metadata"]["name"])
+    for svc in p.mine("Service"):
+        pool = svc["metadata"]["labels"].get(names.POOL)
+        if pool is not None and pool not in keep:
+            p.delete("Service", svc["metadata"]["name"])
+    if not keep:
+        p.status.pools, p.status.endpoints, p.status.ready_replicas = [], [], None
+        p.status.serving_generation = None
+        p.status.conditions = without(p.status.conditions, DEPLOYED)
+
+
+def deploy(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> Decision:
+    deployment: DeploymentSpec | None = spec.deployment
+    assert deployment is not None
+    progress = p.stage("Deploy")
+    if progress.state == "Pending":
+        progress.state, progress.started_at = "Running", p.world.now
+    found = built(p)
+    pools: list[PoolStatus] = []
+    ready = True
+    for pool in deployment.pools:
+        status, serves = deploy_pool(p, spec, plan, pool, found)
+        pools.append(status)
+        ready = ready and serves is not False
+    p.status.pools = pools
+    p.status.ready_replicas = sum(s.ready_replicas or 0 for s in pools)
+    p.status.endpoints = [
+        Endpoint(pool=s.name, url=f"{names.service_name(p.name, s.name)}.{p.namespace}.svc:{PORTS[protocol]}",
+                 protocol=protocol)
+        for s in pools if s.revision is not None for protocol in ("http", "grpc")]
+    skipped = "; ".join(f"{s.name}: {s.skipped}" for s in pools if s.skipped)
+    if all(s.skipped and s.revision is None for s in pools):
+        raise Refused(Reason.NO_POOL_FITS, f"no pool can serve the model: {skipped}")
+    revision = names.revision_of(p.generation)
+    if not ready or not any(s.revision == revision for s in pools):
+        waiting = [s.name for s in pools if s.revision != revision or (s.ready_replicas or 0) < (s.replicas or 1)]
+        progress.state, progress.message = "Running", "waiting for " + ", ".join(waiting)
+        if skipped:
+            progress.message += f" (skipped now: {skipped})"
+        p.condition(DEPLOYED, False, Reason.REVISION_NOT_READY, progress.message)
+        return p.outcome("Deploying")
+    remove_serving(p, keep={pool.name for pool in deployment.pools})
+    if p.status.serving_generation != p.generation:
+        p.event("Ready", f"generation {p.generation} serves on {', '.join(s.name for s in pools if not s.skipped)}")
+    p.status.serving_generation = p.generation
+    if progress.state != "Succeeded":
+        progress.state, progress.completed_at, progress.progress = "Succeeded", p.world.now, 1.0
+        progress.reason = Reason.REVISION_READY
+    progress.message = f"skipped pools: {skipped}" if skipped else None
+    p.condition(DEPLOYED, True, Reason.REVISION_READY, f"generation {p.generation} on "
+                f"{sum(1 for s in pools if not s.skipped)} pool(s)" + (f"; skipped {skipped}" if skipped else ""))
+    p.condition(READY, True, Reason.SERVING, f"{p.status.ready_replicas} ready replica(s)")
+    p.status.conditions = without(p.status.conditions, FAILED)
+    return p.outcome("Ready")

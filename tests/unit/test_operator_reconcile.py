@@ -1,0 +1,483 @@
+"""Every transition of the reconciler, on the dict-backed fake API (tests/fakekube.py): observe, decide and
+execute run for real; the test plays the Job and Deployment controllers. Milliseconds a pass, no cluster,
+no torch. The devcluster tests (tests/cluster/test_operator.py) run the same lifecycle on a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.results import GateResult, QuantizeResult, pack_config
+from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
+from tailor.operator import handlers
+from tailor.operator.decide import Decision
+from tailor.operator.execute import reconcile
+from tailor.operator.observe import job_finished
+from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
+
+from fakekube import FakeKube
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = OperatorSettings(annotation_prefixes=(*ANNOTATION_PREFIXES, "devcluster.tailor.dev/"))
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+
+
+def manifest(name: str = "m", results: dict[str, str] | None = None, **deployment: Any) -> dict[str, Any]:
+    """The H100 example (NVFP4, weight-only on Hopper, 10^6 tokens) on an H100 and an A100-40GB pool; the
+    stage results ride on pod annotations, as on the devcluster."""
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    body["metadata"] = {"name": name, "namespace": "ns"}
+    body["spec"]["jobs"] = {"podAnnotations": published_results() if results is None else results}
+    body["spec"]["deployment"]["pools"] = [
+        {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
+        {"name": "a100", "nodeSelector": A100, "concurrency": {"perNode": 8}}]
+    body["spec"]["deployment"].update({"maxReplicas": 8, **deployment})
+    return body
+
+
+def step(kube: FakeKube, name: str = "m") -> Decision:
+    decision = reconcile(kube, "ns", name, SETTINGS)
+    assert decision is not None
+    return decision
+
+
+def controllers(kube: FakeKube, name: str = "m", revisions: bool = True) -> None:
+    """Finish new Jobs (with their annotated results) and make new revisions available, as the Job and
+    Deployment controllers would."""
+    results = kube.model(name)["spec"]["jobs"]["podAnnotations"]
+    for job in kube.names("Job"):
+        if job_finished(kube.obj("Job", job)) is None:
+            kube.finish_stage(job, results)
+    for deployment in kube.names("Deployment"):
+        if revisions and "status" not in kube.obj("Deployment", deployment):
+            kube.make_available(deployment)
+
+
+def drive(kube: FakeKube, until: str, name: str = "m", passes: int = 20) -> Decision:
+    """Passes, with the controllers between them, until the phase is `until`."""
+    for _ in range(passes):
+        decision = step(kube, name)
+        if decision.phase == until:
+            return decision
+        controllers(kube, name)
+    raise AssertionError(f"{name} did not reach {until}: {kube.status(name)}")
+
+
+def run(kube: FakeKube, passes: int, revisions: bool = True) -> Decision:
+    """`passes` passes with the controllers between them."""
+    for _ in range(passes):
+        decision = step(kube)
+        controllers(kube, revisions=revisions)
+    return decision
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+def plan_of(kube: FakeKube, config_map: str) -> BuildPlan:
+    return BuildPlan.model_validate(yaml.safe_load(kube.obj("ConfigMap", config_map)["data"]["plan.yaml"]))
+
+
+# --- the lifecycle -----------------------------------------------------------------------------------------
+
+
+def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    assert step(kube).phase == "Compressing"
+    assert kube.names("Job") == ["m-g1-compress"] and kube.names("PersistentVolumeClaim") == ["m-artifacts"]
+    plan = plan_of(kube, "m-g1-plan")
+    assert (plan.precision.value, plan.kv_cache_dtype.value, plan.target_product) == (
+        "nvfp4", "fp8", "NVIDIA-H100-80GB-HBM3")
+    command = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["tailor", "compress", "--plan", "/plan/plan.yaml", "--result-file", "/dev/termination-log"]
+    ready = drive(kube, "Ready")
+    status = ready.status
+    assert status.build is not None and (status.build.precision, status.build.kv_cache_dtype) == ("nvfp4", "fp8")
+    assert status.build.recipe == "nvfp4-mamba-moe" and status.build.target_product == "NVIDIA-H100-80GB-HBM3"
+    h100, a100 = status.pools
+    assert (h100.concurrency_per_gpu, h100.gpus_per_replica, h100.replicas, h100.revision) == (8, 1, 4, "g1")
+    assert a100.skipped is not None and "no FP8 math" in a100.skipped
+    assert kube.names("Job") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100", "m-g1-quantize"]
+    package = plan_of(kube, "m-g1-package-h100")  # the pool's sizing travels in its plan: nothing re-derived
+    assert package.pool is not None and package.pool.sizing.concurrency_per_replica == 8
+    assert package.pool.gpu_profile == "H100-80GB" and package.pool.max_batch_size == 8
+    assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g1"
+    assert [s.state for s in status.stages] == ["Succeeded"] * 4
+    assert {"JobCreated", "QualityGatePassed", "Ready"} <= {reason for _, reason, _ in kube.events}
+
+
+def test_a_ready_object_writes_no_status_when_nothing_changed(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    writes = len(kube.writes)
+    for _ in range(3):
+        assert step(kube).phase == "Ready"
+    assert kube.writes[writes:] == []  # no status patch, no create: the completion times stay as they were
+
+
+def test_a_failed_job_fails_the_generation_and_a_new_generation_retries_the_build(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    step(kube)
+    kube.finish_job("m-g1-compress", "CUDA out of memory", failed="BackoffLimitExceeded")
+    failed = step(kube)
+    assert failed.phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "BackoffLimitExceeded" and "CUDA out of memory" in condition["message"]
+    compress = next(s for s in kube.status("m")["stages"] if s["name"] == "Compress")
+    assert compress["reason"] == "BackoffLimitExceeded"  # the reason is a field, never parsed from a message
+    assert kube.condition("m", "Ready")["status"] == "False"
+    kube.update_spec("m", {"jobs": {"backoffLimit": 3}})  # same build inputs, a new generation: retried
+    assert step(kube).phase == "Compressing" and "m-g2-compress" in kube.names("Job")
+    assert "m-g1-compress" not in kube.names("Job")  # a superseded generation's Job goes
+
+
+def test_the_operator_decides_the_gate_from_the_scores_not_the_pods_verdict(kube: FakeKube) -> None:
+    results = published_results()
+    lying = GateResult(parent_score=0.60, child_score=0.30, retention=0.99, min_retention=0.1, passed=True,
+                       parent_perplexity=5.0, child_perplexity=9.0, kl_to_parent=0.5, tokens=4096)
+    results[RESULT_ANNOTATION.format(stage="evaluate")] = lying.message()
+    kube.apply(manifest(results=results))
+    failed = drive(kube, "Failed")
+    assert kube.condition("m", "Failed")["reason"] == "QualityGateFailed"
+    assert failed.status.quality is not None and failed.status.quality.retention == 0.5
+    assert failed.status.quality.passed is False and not kube.names("Deployment")
+
+
+def test_a_deployment_change_rolls_out_beside_the_serving_revision(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"deployment": {"maxReplicas": 2}})
+    assert run(kube, 4, revisions=False).phase == "Deploying"  # the new revision exists but is not available
+    assert kube.names("Deployment") == ["m-h100-g1", "m-h100-g2"]
+    assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g1"  # still serving g1
+    kube.make_available("m-h100-g2")
+    ready = step(kube)
+    assert ready.phase == "Ready" and ready.status.serving_generation == 2
+    assert ready.status.build is not None and ready.status.build.generation == 1  # no rebuild
+    assert kube.names("Deployment") == ["m-h100-g2"]
+    assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g2"
+    assert "m-g2-compress" not in kube.names("Job")
+
+
+def test_a_failed_gate_keeps_the_serving_revision_and_is_not_retried(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.99},
+                           "jobs": {"podAnnotations": published_results(passed=False)}})
+    failed = drive(kube, "Failed")
+    assert kube.condition("m", "Failed")["reason"] == "QualityGateFailed"
+    assert kube.condition("m", "Ready")["status"] == "True" and failed.status.serving_generation == 1
+    assert kube.names("Deployment") == ["m-h100-g1"]
+    kube.update_spec("m", {"deployment": {"maxReplicas": 3}})  # same build inputs: the gate is not rerun
+    assert step(kube).phase == "Failed" and "m-g4-compress" not in kube.names("Job")
+
+
+# --- hardening: names and API refusals ------------------------------------------------------------------
+
+
+def test_a_write_the_api_server_refuses_fails_naming_the_object_and_the_message(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    kube.refusals[("create", "Job")] = (422, 'Job.batch "m-g1-compress" is invalid: metadata.name: too long')
+    failed = step(kube)
+    assert failed.phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "ApiRejected"
+    assert "Job m-g1-compress" in condition["message"] and "422" in condition["message"]
+    assert "metadata.name: too long" in condition["message"]
+    assert step(kube).phase == "Failed"  # settled, not a retry loop: the refused create is not sent again
+    assert ("create", "Job", "m-g1-compress") not in kube.writes
+
+
+# --- hardening: results are untrusted input --------------------------------------------------------------
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
+
+
+def _compress(config: str, **fields: Any) -> str:
+    """A compress result as a pod could write it, valid or not."""
+    values: dict[str, Any] = dict(child="/artifacts/x", params=75_000_000_000, active_params=9_000_000_000,
+                                  parent_params=120_000_000_000, parent_active_params=12_000_000_000,
+                                  pattern="M" * 8, predicted_speedup=2.0, kl_to_parent=0.1, config=config)
+    return json.dumps({"stage": "compress", **values, **fields})
+
+
+def _bomb() -> str:
+    import base64
+    import gzip
+
+    return base64.b64encode(gzip.compress(b'{"a": "' + b"0" * (64 << 20) + b'"}')).decode()
+
+
+@pytest.mark.parametrize(("label", "stage", "message", "says"), [
+    ("not JSON", "compress", "Segmentation fault (core dumped)", "Invalid JSON"),
+    ("an extra field", "compress", _compress(pack_config(LLAMA), extra=1), "extra"),
+    ("a negative size", "compress", _compress(pack_config(LLAMA), params=-1), "params"),
+    ("a decompression bomb", "compress", _compress(_bomb()[:4000]), "packed config"),
+    ("an unknown model type", "compress", _compress(pack_config({"model_type": "gpt-x", "hidden_size": 8})),
+     "gpt-x"),
+    ("a recipe of another precision", "quantize", QuantizeResult(
+        checkpoint="/x", recipe="fp8", quant_algo="FP8", kv_cache_quant_algo="FP8", weight_bytes=10,
+        kl_to_unquantized=0.1).message(), "not a nvfp4 recipe"),
+    ("an unknown recipe", "quantize", QuantizeResult(
+        checkpoint="/x", recipe="int2", quant_algo="X", kv_cache_quant_algo=None, weight_bytes=10,
+        kl_to_unquantized=None).message(), "int2"),
+    ("a score above 1", "evaluate", '{"stage": "evaluate", "metric": "next_token_accuracy", "parent_score": 7, '
+     '"child_score": 0.5, "retention": 0.1, "min_retention": 0.1, "passed": true, "parent_perplexity": 1, '
+     '"child_perplexity": 1, "kl_to_parent": 0, "tokens": 4}', "parent_score"),
+])
+def test_a_result_that_is_not_what_tailor_writes_fails_the_stage(kube: FakeKube, label: str, stage: str,
+                                                                 message: str, says: str) -> None:
+    results = published_results()
+    results[RESULT_ANNOTATION.format(stage=stage)] = message
+    kube.apply(manifest(results=results))
+    failed = drive(kube, "Failed")
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "InvalidResult", label
+    assert says in condition["message"], condition["message"]
+    assert (len(condition["message"]) < 2048 and failed.status.architecture is None) or stage != "compress"
+
+
+def test_a_child_with_too_many_blocks_is_refused(kube: FakeKube) -> None:
+    config = {**LLAMA, "num_hidden_layers": 5000}
+    results = published_results()
+    results[RESULT_ANNOTATION.format(stage="compress")] = _compress(pack_config(config))
+    kube.apply(manifest(results=results))
+    drive(kube, "Failed")
+    assert "5000 blocks" in kube.condition("m", "Failed")["message"]
+
+
+def test_a_job_that_succeeded_without_a_result_fails_with_no_result(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    step(kube)
+    kube.finish_job("m-g1-compress", "")
+    step(kube)
+    assert kube.condition("m", "Failed")["reason"] == "NoResult"
+
+
+# --- hardening: planOverrides -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"rounds": 1000000}, "planOverrides.rounds is set from spec.compression.rounds"),
+    ({"bld": {"tokens": 10**15}}, "planOverrides.bld.tokens is set from"),
+    ({"parent": "/etc"}, "planOverrides.parent is set from spec.source"),
+    ({"data": {"text": "/var/run/secrets"}}, "planOverrides.data.text is set from the operator"),
+    ({"solutions": 10**6}, "solutions: Input should be less than or equal to 16"),
+    ({"library": {"ffnWidths": [0.5] * 100}}, "library.ffnWidths"),
+    ({"library": {"ffnWidth": [0.5]}}, "library.ffnWidth"),
+])
+def test_plan_overrides_are_bounded_and_cannot_change_what_the_operator_decides(
+        kube: FakeKube, overrides: dict[str, Any], says: str) -> None:
+    body = manifest()
+    body["spec"]["compression"]["planOverrides"] = overrides
+    kube.apply(body)
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "InvalidPlan" and says in condition["message"], condition["message"]
+    assert not kube.names("Job")
+
+
+# --- hardening: node churn and rollouts -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("churn", ["NotReady", "no GPUs", "scaled to zero", "cordoned"])
+def test_node_churn_never_takes_a_serving_revision_down(kube: FakeKube, churn: str) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    h100s = [n for n in kube.node_list if n["metadata"]["labels"].get("nvidia.com/gpu.product") == H100[
+        "nvidia.com/gpu.product"]]
+    for node in h100s:
+        if churn == "NotReady":
+            node["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+        elif churn == "no GPUs":
+            node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+        elif churn == "cordoned":
+            node.setdefault("spec", {})["unschedulable"] = True
+        else:
+            kube.node_list.remove(node)
+    assert step(kube).phase == "Ready"
+    assert kube.names("Deployment") == ["m-h100-g1"] and "m-h100" in kube.names("Service")
+    kube.update_spec("m", {"deployment": {"maxReplicas": 2}})  # a new generation while the pool is gone
+    waiting = step(kube)
+    assert waiting.phase == "Deploying" and "skipped now" in (waiting.status.stages[-1].message or "")
+    assert kube.names("Deployment") == ["m-h100-g1"]
+    assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g1"
+    assert kube.condition("m", "Ready")["status"] == "True"
+
+
+def test_removing_the_deployment_removes_the_triton_objects(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"deployment": None})
+    ready = step(kube)
+    assert ready.phase == "Ready" and kube.condition("m", "Ready")["reason"] == "Built"
+    assert not kube.names("Deployment") and not kube.names("Service")
+    assert not kube.names("HorizontalPodAutoscaler") and not kube.names("PodDisruptionBudget")
+    assert ready.status.pools == [] and ready.status.endpoints == []
+
+
+def test_a_renamed_pool_serves_before_the_old_one_goes(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    pools = [{"name": "hopper", "nodeSelector": H100, "concurrency": {"perNode": 16}}]
+    kube.update_spec("m", {"deployment": {"pools": pools}})
+    assert run(kube, 4, revisions=False).phase == "Deploying"
+    assert kube.names("Deployment") == ["m-h100-g1", "m-hopper-g2"]  # the old pool serves meanwhile
+    assert kube.names("Service") == ["m-h100", "m-hopper"]
+    kube.make_available("m-hopper-g2")
+    assert step(kube).phase == "Ready"
+    assert kube.names("Deployment") == ["m-hopper-g2"] and kube.names("Service") == ["m-hopper"]
+
+
+def test_a_revision_that_cannot_become_available_fails_and_frees_its_gpus(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"deployment": {"tritonImage": "ghcr.io/tailor-dev/tailor-runtime:broken"}})
+    assert run(kube, 4, revisions=False).phase == "Deploying"
+    deadline = kube.obj("Deployment", "m-h100-g2")["spec"]["progressDeadlineSeconds"]
+    assert deadline > 300  # the startup allowance for the weights, then five minutes
+    kube.stall("m-h100-g2")
+    assert step(kube).phase == "Failed"
+    assert kube.condition("m", "Failed")["reason"] == "RevisionFailed"
+    assert kube.names("Deployment") == ["m-h100-g1"]  # the stalled revision is gone, the old one serves
+    assert kube.condition("m", "Ready")["status"] == "True"
+
+
+# --- hardening: ownership ---------------------------------------------------------------------------------
+
+
+def test_objects_of_another_owner_are_never_adopted(kube: FakeKube) -> None:
+    kube.create("test", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "m-g1-compress", "namespace": "ns", "labels": {"tailor.dev/model": "m"},
+        "ownerReferences": [{"uid": "someone-else"}]}, "spec": {}})
+    kube.apply(manifest())
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "OwnedElsewhere" and "Job m-g1-compress" in condition["message"]
+
+
+def test_a_claim_left_by_an_earlier_object_of_the_same_name_is_not_adopted(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.delete("test", "CompressedModel", "ns", "m")  # deletionPolicy Retain: the claim stays
+    kube.apply(manifest())
+    assert step(kube).phase == "Failed"
+    assert kube.condition("m", "Failed")["reason"] == "OwnedElsewhere"
+    assert "PersistentVolumeClaim m-artifacts" in kube.condition("m", "Failed")["message"]
+
+
+def test_deleting_an_object_keeps_a_claim_it_did_not_create(kube: FakeKube) -> None:
+    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": "m-artifacts", "namespace": "ns", "labels": {"tailor.dev/model": "m",
+                                                            "tailor.dev/model-uid": "an-earlier-m"}}})
+    body = manifest()
+    body["spec"]["storage"] = {"deletionPolicy": "Delete"}
+    created = kube.apply(body)
+    handlers.RUNTIME.kube = kube
+    handlers.on_delete(body=created, name="m", namespace="ns", uid=created["metadata"]["uid"],
+                       logger=__import__("logging").getLogger("test"))
+    assert kube.names("PersistentVolumeClaim") == ["m-artifacts"]
+
+
+# --- hardening: tenants -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "reason", "says"), [
+    ({"jobs": {"image": "docker.io/attacker/miner:latest"}}, "ImageNotAllowed", "spec.jobs.image"),
+    ({"deployment": {"tritonImage": "quay.io/x/triton:1"}}, "ImageNotAllowed", "spec.deployment.tritonImage"),
+    ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "AnnotationNotAllowed",
+     "sidecar.istio.io/inject"),
+    ({"storage": {"existingClaim": "someone-elses-data"}}, "ClaimNotAllowed", "tailor.dev/allowed=true"),
+])
+def test_a_tenant_cannot_reach_past_the_allowlists(kube: FakeKube, change: dict[str, Any], reason: str,
+                                                   says: str) -> None:
+    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                         "metadata": {"name": "someone-elses-data", "namespace": "ns"}})
+    body = manifest()
+    for key, value in change.items():
+        body["spec"].setdefault(key, {}).update(value)
+    kube.apply(body)
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == reason and says in condition["message"], condition["message"]
+    assert not kube.names("Job")
+
+
+def test_an_existing_claim_labelled_for_tailor_is_used_and_kept(kube: FakeKube) -> None:
+    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                         "metadata": {"name": "shared", "namespace": "ns", "labels": {"tailor.dev/allowed": "true"}}})
+    body = manifest()
+    body["spec"]["storage"] = {"existingClaim": "shared"}
+    kube.apply(body)
+    step(kube)
+    volumes = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["volumes"]
+    assert volumes[0]["persistentVolumeClaim"]["claimName"] == "shared"
+    assert kube.names("PersistentVolumeClaim") == ["shared"]
+
+
+# --- upgrades and rollbacks -------------------------------------------------------------------------------
+
+
+def test_status_from_a_newer_operator_is_read_and_its_fields_left_alone(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    status = kube.model("m")["status"]
+    status["shardPlan"] = {"ranks": 8}  # a field this operator does not know
+    status["phase"] = "Resharding"  # a value it does not know
+    status["build"]["engine"] = "vllm"
+    assert step(kube).phase == "Ready"
+    assert kube.model("m")["status"]["shardPlan"] == {"ranks": 8}
+    assert kube.model("m")["status"]["phase"] == "Ready"
+
+
+# --- one build plan ---------------------------------------------------------------------------------------
+
+
+def test_a_chart_added_gpu_profile_reaches_the_package_job(kube: FakeKube, tmp_path: Path) -> None:
+    from tailor.compressor.hardware import GpuCatalog
+
+    profiles = tmp_path / "gpus.yaml"
+    profiles.write_text(yaml.safe_dump({"profiles": [{
+        "name": "H20-96GB", "family": "hopper", "memoryMiB": 97871, "bandwidthGBps": 4000,
+        "tflops": {"bf16": 148, "fp8": 296}, "gfdProducts": ["NVIDIA-H20"]}]}))
+    node = copy.deepcopy(next(n for n in kube.node_list if n["metadata"]["labels"].get("nvidia.com/gpu.product")
+                              == H100["nvidia.com/gpu.product"]))
+    node["metadata"]["name"] = "h20-0"
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H20"
+    kube.node_list.append(node)
+    settings = OperatorSettings(catalog=GpuCatalog.load(profiles), annotation_prefixes=SETTINGS.annotation_prefixes)
+    body = manifest()
+    body["spec"]["deployment"]["pools"] = [{"name": "h20", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H20"},
+                                            "concurrency": {"total": 8}}]
+    kube.apply(body)
+    for _ in range(8):
+        reconcile(kube, "ns", "m", settings)
+        for job in kube.names("Job"):
+            if job_finished(kube.obj("Job", job)) is None:
+                kube.finish_stage(job, body["spec"]["jobs"]["podAnnotations"])
+    plan = plan_of(kube, "m-g1-package-h20")
+    assert plan.pool is not None and plan.pool.gpu_profile == "H20-96GB"
+    assert plan.catalog().get("H20-96GB").gfd_products == ("NVIDIA-H20",)
+
+
+def test_bf16_builds_skip_quantization_and_size_with_bf16(kube: FakeKube) -> None:
+    body = manifest()
+    body["spec"]["quantization"] = {"precision": "none", "kvCacheDtype": "bf16"}
+    body["spec"]["deployment"]["contextLength"] = body["spec"]["compression"]["contextLength"] = 32768
+    kube.apply(body)
+    ready = drive(kube, "Ready")
+    assert "m-g1-quantize" not in kube.names("Job")
+    assert ready.status.build is not None and ready.status.build.recipe == "bf16"
+    assert plan_of(kube, "m-g1-plan").quantize is None
