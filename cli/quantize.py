@@ -72,7 +72,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tailor.compressor.puzzle.pipeline import resolve_parent
 
     plan = BuildPlan.load(args.plan) if args.plan else None
-    gpu: GpuProfile | None
     if plan is not None:
         model, parent = plan.checkpoint, plan.parent
         min_retention, eval_tokens = plan.evaluate.min_retention, plan.evaluate.eval_tokens

@@ -22,6 +22,7 @@ from tailor.operator.api import GROUP, PLURAL, VERSION
 from tailor.operator.decide import owned_by
 from tailor.operator.execute import reconcile
 from tailor.operator.kube import Kube
+from tailor.operator.rollout import REVISION_KINDS
 from tailor.operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
@@ -135,10 +136,11 @@ def on_delete(*, body: kopf.Body, name: str, namespace: str | None, uid: str, lo
     assert kube is not None
     owner = f"{namespace}/{name}"
     selector = {**names.MANAGED, names.MODEL: name}
-    for kind in ("Job", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"):
+    for kind in ("Job", "Deployment", "Service"):
         for item in kube.select(owner, kind, namespace, selector):
-            if owned_by(item, uid):
-                kube.delete(owner, kind, namespace, item["metadata"]["name"])
+            if owned_by(item, uid):  # a revision's PDB and HPA share its name
+                for doomed in REVISION_KINDS if kind == "Deployment" else (kind,):
+                    kube.delete(owner, doomed, namespace, item["metadata"]["name"])
     storage = (body.get("spec") or {}).get("storage") or {}
     claim = names.claim_name(name)
     if storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim"):

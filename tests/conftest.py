@@ -1,19 +1,23 @@
 """Models shared by the test folders: the real SmolLM2-135M, a tiny random Llama with SmolLM2's tokenizer, and
-the toy NemotronH hybrid trained on Shakespeare."""
+the toy NemotronH hybrid trained on Shakespeare.
+
+This file is loaded for every test, the operator's too, and the operator's tests run without the compressor
+stack: torch and transformers are imported in the fixtures that need them, never at import time."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
 from tailor.compressor import sources
 
-TINY = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 2048,
-        "rope_theta": 100000.0}
+TINY: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 2048,
+    "rope_theta": 100000.0}
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +28,7 @@ def smollm2() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_parent(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny-parent")

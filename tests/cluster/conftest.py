@@ -115,6 +115,9 @@ def _served(api: client.ApiClient) -> bool:
     return True
 
 
+SIMULATED_RESULTS = "devcluster.tailor.dev/"  # the pod annotations kwok finishes stage Jobs with
+
+
 class OperatorProcess:
     """`tailor operator` as a subprocess watching one namespace, as it runs in a cluster; killable."""
 
@@ -139,7 +142,8 @@ class OperatorProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", self.namespace,
                  "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
-                 "--bind", "127.0.0.1"], env=env, stdout=out, stderr=subprocess.STDOUT)
+                 "--bind", "127.0.0.1", "--allowed-annotation-prefix", SIMULATED_RESULTS],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
         return self
 
     def kill(self) -> None:

@@ -174,3 +174,38 @@ def test_install_test_upgrade_uninstall_and_permissions(
     # Helm leaves a chart's CRDs (and so every CompressedModel) in place
     client.ApiextensionsV1Api(api).read_custom_resource_definition("compressedmodels.tailor.dev")
 
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"jobs": {"image": "docker.io/attacker/miner:1"}}, "spec.jobs.image is not an allowed image"),
+    ({"jobs": {"image": "tailor-runtime:dev-evil"}}, "spec.jobs.image"),  # the job image is exact, not a prefix
+    ({"deployment": {"tritonImage": "ghcr.io/tailor-dev.evil.example/triton:1"}}, "spec.deployment.tritonImage"),
+    ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "spec.jobs.podAnnotations"),
+], ids=["foreign-image", "job-image-as-prefix", "lookalike-registry", "annotation"])
+def test_the_admission_policy_refuses_what_a_tenant_may_not_ask_for(
+        api: client.ApiClient, namespace: str, installed_operator: InstalledOperator, change: dict[str, Any],
+        says: str) -> None:
+    """The chart's ValidatingAdmissionPolicy, on the real API server: on create, and on an update of an object
+    that was let in."""
+    from kubernetes.client.exceptions import ApiException
+
+    from cmodels import OBJECTS
+    from corpus import patched
+
+    objects = client.CustomObjectsApi(api)
+
+    def refused(body_or_patch: dict[str, Any], name: str | None = None) -> str:
+        try:
+            if name is None:
+                OBJECTS.create(objects, namespace, body_or_patch)
+            else:
+                OBJECTS.patch(objects, namespace, name, body_or_patch)
+        except ApiException as error:
+            return str(error.body)
+        return ""
+
+    message = wait_for("the policy to refuse the object", lambda: refused(
+        patched({"metadata": {"name": "tenant"}, "spec": change})), timeout_s=30)
+    assert says in message and "ValidatingAdmissionPolicy" in message, message
+    assert refused(patched({"metadata": {"name": "tenant"}})) == ""
+    assert says in refused({"spec": change}, name="tenant")

@@ -66,7 +66,7 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
                                             "super-g1-quantize"]
     compress = client.BatchV1Api(api).read_namespaced_job("super-g1-compress", namespace).spec.template.spec
     assert compress.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    assert compress.containers[0].command[:3] == ["tailor", "compress", "--config"]
+    assert compress.containers[0].command[:3] == ["tailor", "compress", "--plan"]
     assert {"JobCreated", "QualityGatePassed", "Ready"} <= set(events(api, namespace, "super"))
     metrics = operator.get(operator.metrics_port, "/metrics")
     assert 'tailor_compressedmodels{phase="Ready"} 1.0' in metrics and "tailor_reconciles_total" in metrics

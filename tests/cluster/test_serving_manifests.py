@@ -10,9 +10,11 @@ import yaml
 from kubernetes import client, utils
 
 from tailor.compressor.architecture import load_architecture
+from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.operator import api as model
 from tailor.operator.deployment import manifests, service
-from tailor.operator.pools import plan_pools
+from tailor.operator.pools import Built, plan_pools
 
 from conftest import REPO, wait_for
 
@@ -41,7 +43,10 @@ def test_pools_sized_from_live_nodes_deploy_and_go_with_their_model(api: client.
     spec = model.CompressedModel.model_validate(created).spec
     nodes = [client.ApiClient().sanitize_for_serialization(node)
              for node in client.CoreV1Api(api).list_node().items]
-    plans = plan_pools(spec, nodes, load_architecture("nemotron-3-puzzle-75b-a9b"))
+    assert spec.deployment is not None
+    child = load_architecture("nemotron-3-puzzle-75b-a9b")
+    built = Built(arch=child, recipe=recipe_for(Precision.NVFP4, child), kv_dtype=KvDtype.FP8)
+    plans = plan_pools(spec.deployment, nodes, built, GpuCatalog.load())
     assert [(p.name, p.gpu_profile, len(p.nodes), p.skipped) for p in plans] == [
         ("b200", "B200-180GB", 1, None), ("h100", "H100-80GB", 2, None)]
     assert spec.deployment is not None

@@ -11,7 +11,8 @@ import yaml
 from kubernetes import client, utils
 
 from tailor.operator import api as model
-from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, job_name, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, stage_job
+from tailor.operator.names import job_name
 
 from conftest import REPO, wait_for
 
@@ -55,10 +56,9 @@ def _finished(api: client.ApiClient, namespace: str, name: str) -> str | None:
 def test_an_indexed_compression_job_runs_on_two_h100_nodes(api: client.ApiClient, namespace: str,
                                                             owner: dict[str, Any]) -> None:
     settings = JobSettings(image="tailor:dev", gpus_per_node=8, nodes=2)
-    objects = stage_job(owner, "compress", 1, ["compress", "--config", "/plan/plan.yaml", "--out", "/artifacts/g1"],
-                        settings, H100, "artifacts", "plan")
-    utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
-    name = job_name(owner, 1, "compress")
+    objects = stage_job(owner, "compress", 1, settings, H100, "artifacts", "plan")
+    utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)  # the API server validates each
+    name = job_name(owner["metadata"]["name"], 1, "compress")
     assert wait_for("the compression Job to finish", lambda: _finished(api, namespace, name), 90) == "Complete"
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items
     # on H100 nodes with all 8 GPUs each (kwok may finish the first pod before the second is placed, so both can
@@ -72,11 +72,10 @@ def test_an_indexed_compression_job_runs_on_two_h100_nodes(api: client.ApiClient
 def test_a_failing_stage_is_retried_up_to_its_limit(api: client.ApiClient, namespace: str,
                                                     owner: dict[str, Any]) -> None:
     settings = JobSettings(image="tailor:dev", backoff_limit=1)
-    objects = stage_job(owner, "quantize", 1, ["quantize", "--model", "/artifacts/child", "--out", "/artifacts/q"],
-                        settings, H100, "artifacts", "plan",
+    objects = stage_job(owner, "quantize", 1, settings, H100, "artifacts", "plan",
                         pod_annotations={"devcluster.tailor.dev/fail": "calibration ran out of memory"})
     utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
-    name = job_name(owner, 1, "quantize")
+    name = job_name(owner["metadata"]["name"], 1, "quantize")
     assert wait_for("the quantization Job to fail", lambda: _finished(api, namespace, name), 120) == "Failed"
     failed = next(c for c in _job(api, namespace, name).status.conditions if c.type == "Failed")
     assert failed.reason == "BackoffLimitExceeded"

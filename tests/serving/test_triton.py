@@ -141,6 +141,16 @@ def test_streaming_and_explicit_model_control(streaming_package: Path) -> None:
         assert not control.is_model_ready(NAME) and control.is_server_live()
 
 
+def _listening_on(http_port: int) -> list[str]:
+    """The processes started with `--http-port=<http_port>` (as tritonserver is), as `pgrep -a` lists them.
+    `--` ends pgrep's own options: the pattern is otherwise read as one, pgrep fails with status 2 and prints
+    nothing, which would pass for "none running"."""
+    found = subprocess.run(["pgrep", "-a", "-f", "--", f"--http-port={http_port}( |$)"], capture_output=True,
+                           text=True)
+    assert found.returncode in (0, 1), f"pgrep failed with status {found.returncode}: {found.stderr}"
+    return found.stdout.splitlines()
+
+
 def test_tailor_serve_runs_until_sigterm_and_stops_cleanly(packaged: Path) -> None:
     ports = Ports.free()
     command = [sys.executable, "-m", "tailor.cli.main", "serve", str(packaged), "--http-port", str(ports.http),
@@ -154,8 +164,7 @@ def test_tailor_serve_runs_until_sigterm_and_stops_cleanly(packaged: Path) -> No
             process.send_signal(signal.SIGTERM)
             assert process.wait(60) == 0
             assert "tritonserver stopped" in process.stderr.read()
-            leftover = subprocess.run(["pgrep", "-f", f"--http-port={ports.http}"], capture_output=True, text=True)
-            assert leftover.stdout == "", f"tritonserver still running: {leftover.stdout}"
+            assert _listening_on(ports.http) == [], "tritonserver still running"
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)

@@ -101,13 +101,3 @@ def test_the_75b_child_config_fits_a_termination_message() -> None:
     assert unpack_config(CompressResult.model_validate_json(result.message()).config) == config
     with pytest.raises(ValueError, match="termination message holds 4096"):
         result.model_copy(update={"pattern": "M" * 5000}).message()
-
-
-def test_an_hf_parent_that_cannot_be_downloaded_names_the_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tailor.compressor.puzzle.pipeline import resolve_parent
-
-    monkeypatch.setenv("TAILOR_CACHE_DIR", str(tmp_path))
-    with pytest.raises(ValueError, match=r"hf://tailor-tests/no-such-model@v0: cannot download the parent"):
-        resolve_parent("hf://tailor-tests/no-such-model@v0")
-    with pytest.raises(ValueError, match="s3:// parents are not supported"):
-        resolve_parent("s3://bucket/model")

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tailor.compressor import measure
-from tailor.compressor.architecture import Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.architecture import Architecture, Attention, Block, Linear, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.costs import Phase, Workload
+from tailor.compressor.modeling import Decoder, ModelSettings
+from tailor.compressor.puzzle.plan import Target
+from tailor.compressor.puzzle.pricing import Pricer
 
 HIDDEN = 64
 DECODE = Workload(phase=Phase.DECODE, batch=2, context=32)
@@ -33,17 +39,39 @@ def test_every_part_runs_and_keeps_the_hidden_shape(part: Part) -> None:
         assert torch.isfinite(out).all()
 
 
-def test_a_mamba_decode_step_costs_the_same_at_any_context() -> None:
-    """The recurrent step reads a fixed state: timing it after 32 or 4096 tokens differs by noise only."""
-    short, long = (measure.time_call(measure._runner(PARTS[-1], HIDDEN, Workload(phase=Phase.DECODE, batch=2,
-                                                                                  context=context),
-                                                     torch.device("cpu")), torch.device("cpu"))
-                   for context in (32, 4096))
-    attention = [measure.time_call(measure._runner(PARTS[0], HIDDEN, Workload(phase=Phase.DECODE, batch=2,
-                                                                              context=context),
-                                                   torch.device("cpu")), torch.device("cpu"))
-                 for context in (32, 4096)]
-    assert long < 2 * short and attention[1] > 2 * attention[0]
+class _ElementsRead(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's private API is untyped
+    """Counts the elements of the tensors that torch's ops read (views, which read nothing, left out): the work
+    of a call, counted where a timing on a shared machine would only estimate it."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.elements = 0
+
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
+        if not func.is_view:
+            self.elements += sum(leaf.numel() for leaf in tree_leaves((args, kwargs or {}))
+                                 if isinstance(leaf, torch.Tensor))
+        return func(*args, **(kwargs or {}))
+
+
+def _decode_step_reads(part: Part, context: int) -> int:
+    """Elements one timed decode step of `part` reads after `context` cached tokens."""
+    run = measure._runner(part, HIDDEN, DECODE.model_copy(update={"context": context}), torch.device("cpu"))
+    counter = _ElementsRead()
+    with torch.inference_mode(), counter:
+        run()
+    return counter.elements
+
+
+def test_a_mamba_decode_step_does_the_same_work_at_any_context() -> None:
+    """The recurrent step reads a fixed state: after 32 or 4096 tokens it reads the same. An attention step reads
+    its whole KV cache, which grows with every token. Counted, not timed: bench/decode_context.py times both."""
+    mamba, attention = PARTS[-1], PARTS[0]
+    assert isinstance(mamba, Mamba) and isinstance(attention, Attention)
+    assert _decode_step_reads(mamba, 4096) == _decode_step_reads(mamba, 32)
+    kv_cache_growth = (4096 - 32) * DECODE.batch * attention.kv_elements_per_token()
+    assert _decode_step_reads(attention, 4096) - _decode_step_reads(attention, 32) >= kv_cache_growth
 
 
 def test_measurements_are_cached_per_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,18 +96,43 @@ def test_calibration_reports_positive_peaks() -> None:
     assert figures["tflops_bf16"] > 0 and figures["bandwidth_gbps"] > 0
 
 
+def _tiny_decoder() -> Decoder:
+    block = Block(mixer=PARTS[0], ffn=PARTS[3])
+    arch = Architecture(name="tiny", hidden_size=HIDDEN, vocab_size=500, tie_word_embeddings=True, blocks=[block] * 3)
+    return Decoder(arch, ModelSettings()).eval()
+
+
+def test_a_whole_decode_step_is_timed_after_the_same_context_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`decode_step_seconds` hands `time_call` a step that appends one token after `context` cached ones, the
+    same work every call, and returns what `time_call` measured. The timing itself is given, not taken."""
+    model = _tiny_decoder()
+    attention = model.arch.attention_layers()
+    reads: dict[int, list[int]] = {}
+
+    def timed(run: Callable[[], object], dev: torch.device, *_: object, **__: object) -> float:
+        assert dev == torch.device("cpu")
+        counts = reads.setdefault(len(reads), [])
+        for _call in range(3):
+            counter = _ElementsRead()
+            with counter:
+                token = run()
+            assert isinstance(token, torch.Tensor) and token.shape == (2, 1)
+            counts.append(counter.elements)
+        return 0.0125
+
+    monkeypatch.setattr(measure, "time_call", timed)
+    assert measure.decode_step_seconds(model, batch=2, context=32) == 0.0125
+    assert measure.decode_step_seconds(model, batch=2, context=288) == 0.0125
+    short, long = reads[0], reads[1]
+    assert len(set(short)) == 1 and len(set(long)) == 1  # every call after the same context, not one more each
+    kv_cache_growth = (288 - 32) * 2 * sum(part.kv_elements_per_token() for part in attention)
+    assert long[0] - short[0] >= kv_cache_growth  # the step reads the `context` cached tokens of every layer
+
+
 def test_the_fixed_cost_is_what_a_whole_step_takes_beyond_its_blocks(tmp_path: Path) -> None:
     """The pipeline calibrates its fixed decode cost as (whole parent step - its blocks timed alone), never below
     the LM head's own timing."""
-    from tailor.compressor.architecture import Architecture, Block
-    from tailor.compressor.modeling import Decoder, ModelSettings
-    from tailor.compressor.puzzle.plan import Target
-    from tailor.compressor.puzzle.pricing import Pricer
-
-    block = Block(mixer=PARTS[0], ffn=PARTS[3])
-    arch = Architecture(name="tiny", hidden_size=HIDDEN, vocab_size=500, tie_word_embeddings=True, blocks=[block] * 3)
-    whole = measure.decode_step_seconds(Decoder(arch, ModelSettings()).eval(), batch=2, context=32)
-    assert 0 < whole < 1
+    arch = _tiny_decoder().arch
     pricer = Pricer(arch, Target(gpu="cpu", batch=2, context=32, throughput=1.1),
                     measure.MeasuredCosts(cache_file=tmp_path / "cpu.json"))
     head = pricer.fixed.decode_s

@@ -15,7 +15,7 @@ import pytest
 
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.checkpoint import CheckpointError, load_decoder
-from tailor.compressor.puzzle.pipeline import compress
+from tailor.compressor.puzzle.pipeline import compress, resolve_parent
 from tailor.compressor.puzzle.plan import Plan
 
 from plans import tiny_plan, write_plan
@@ -138,3 +138,11 @@ def test_iterative_puzzle_runs_rounds_towards_the_target(tiny_parent: Path, tmp_
     assert report.rounds[0].target["throughput"] == pytest.approx(1.06**0.5)
     assert report.predicted_speedup >= 1.06 - 1e-9
     assert (tmp_path / "out" / "stages" / "round2" / "child" / "config.json").exists()
+
+
+def test_an_hf_parent_that_cannot_be_downloaded_names_the_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILOR_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"hf://tailor-tests/no-such-model@v0: cannot download the parent"):
+        resolve_parent("hf://tailor-tests/no-such-model@v0")
+    with pytest.raises(ValueError, match="s3:// parents are not supported"):
+        resolve_parent("s3://bucket/model")
