@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ def _compress(args: argparse.Namespace) -> int:
     if build is None:
         needs(args, "config", "out")
     plan, out = (build.puzzle, Path(build.layout.compress_dir)) if build else (Plan.load(args.config), args.out)
+    if build is not None:
+        for stale in build.layout.prune():
+            print(f"removed {stale}: an earlier generation's artifacts (not serving)", file=sys.stderr)
     report = compress(plan, out)
     if report is not None:  # None on the other ranks of a torchrun job
         write_results(compress_result(report, out / "child"), args.result_file, build, "compress")

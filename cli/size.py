@@ -10,8 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
-from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
-from tailor.compressor.memory import GB, RECIPES, KvDtype, QuantRecipe, RuntimeReserve, preferred_kv_dtype, recipe_for
+from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision, resolve_precision
+from tailor.compressor.memory import (
+    GB,
+    RECIPES,
+    KvDtype,
+    QuantRecipe,
+    RuntimeReserve,
+    recipe_for,
+    resolve_kv_dtype,
+)
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 
 EXAMPLES = """examples:
@@ -63,9 +71,9 @@ def add_parser(nouns: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _one(args: argparse.Namespace, arch: Architecture, gpu: GpuProfile) -> Sizing:
-    precision = gpu.preferred_precision() if args.precision == "auto" else Precision(args.precision)
+    precision = resolve_precision(args.precision, gpu)
     recipe: QuantRecipe = RECIPES[args.recipe] if args.recipe else recipe_for(precision, arch)
-    kv = preferred_kv_dtype(gpu) if args.kv_dtype == "auto" else KvDtype(args.kv_dtype)
+    kv = resolve_kv_dtype(args.kv_dtype, gpu)
     reserve = RuntimeReserve(gib=args.reserve_gib)
     if args.tp == "auto":
         tp = smallest_tensor_parallel(arch, gpu, args.context, recipe, kv, reserve, args.gpus_per_node,

@@ -13,6 +13,8 @@ Layout of the artifacts claim (`ArtifactLayout`), per object `<name>-<uid8>`:
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +48,8 @@ class ArtifactLayout(_Model):
 
     folder: str = Field(pattern=r"^[a-z0-9][-a-z0-9]*$", description="The object's folder: <name>-<uid8>.")
     build: int = Field(ge=1, description="The generation whose Jobs build the artifacts.")
+    keep: list[int] = Field(default_factory=list, description="Generations whose folders outlive this build (the "
+                            "one serving); every other g<N> folder of the object is removed when the build starts.")
 
     @property
     def build_dir(self) -> str:
@@ -74,6 +78,16 @@ class ArtifactLayout(_Model):
     def package(self, generation: int, pool: str) -> str:
         """A pool's `tailor package` folder, relative to the claim's root."""
         return f"{self.folder}/g{generation}/triton-{pool}"
+
+    def prune(self, root: str = ARTIFACTS_MOUNT) -> list[Path]:
+        """The retention policy: a build removes the object's older generation folders (builds and packages),
+        keeping its own and those in `keep`; the removed folders."""
+        kept = {f"g{generation}" for generation in (self.build, *self.keep)}
+        found = sorted(Path(root, self.folder).glob("g*"))
+        stale = [path for path in found if path.is_dir() and re.fullmatch(r"g\d+", path.name) and path.name not in kept]
+        for path in stale:
+            shutil.rmtree(path)
+        return stale
 
 
 class QuantizeStep(_Model):

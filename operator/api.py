@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import re
 from enum import StrEnum
+from importlib import metadata
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -68,7 +69,8 @@ class GpuProfile(StrEnum):
 
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
-RUNTIME_IMAGE = "ghcr.io/tailor-dev/tailor-runtime:0.1.0"  # images/runtime.Dockerfile: Jobs and Triton
+VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written
+RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"  # images/runtime.Dockerfile: Jobs and Triton
 NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 

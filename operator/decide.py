@@ -292,7 +292,7 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                f"plan: {error}") from error
     else:
         try:
-            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog)
+            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, p.status.serving_generation)
         except (InvalidPlan, ValueError) as error:
             raise Refused(Reason.INVALID_PLAN, str(error)) from error
     p.status.build = p.build.model_copy(update={"precision": plan.precision.value,

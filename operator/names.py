@@ -4,13 +4,12 @@ CRD refuses object and pool names that would break one (`api.NAME_BUDGET`)."""
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
 from tailor.compressor.buildplan import Stage
-from tailor.operator.api import GROUP, NAME_BUDGET, StageName
+from tailor.operator.api import GROUP, NAME_BUDGET, VERSION_OF_TAILOR, StageName
 
-VERSION = metadata.version("tailor")
+VERSION = VERSION_OF_TAILOR
 USER_AGENT = f"tailor-operator/{VERSION}"
 FINALIZER = f"{GROUP}/finalizer"
 

@@ -21,7 +21,7 @@ from tailor.compressor.buildplan import (
     QuantizeStep,
 )
 from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
-from tailor.compressor.memory import resolve_kv_dtype
+from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
@@ -30,7 +30,8 @@ BUILD_FIELDS = ("source", "compression", "quantization")
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
 # Plan fields the operator derives from the spec: planOverrides may not change them.
 DECIDED = {"parent": "spec.source", "data.text": "the operator", "target.gpu": "spec.compression.targetGPU",
-           "target.precision": "spec.quantization.precision", "target.batch": "spec.compression.batch",
+           "target.precision": "spec.quantization.precision",
+           "target.kvDtype": "spec.quantization.kvCacheDtype", "target.batch": "spec.compression.batch",
            "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
            "bld.tokens": "spec.compression.distillation.blockwiseTokens",
            "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
@@ -78,7 +79,7 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def compression_plan(spec: CompressedModelSpec, precision: Precision) -> Plan:
+def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: KvDtype = KvDtype.BF16) -> Plan:
     """The Puzzle plan the compression Job runs.
 
     `latencyFactor` is per-token (decode) latency at the spec's batch, so it becomes a decode throughput
@@ -90,8 +91,8 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision) -> Plan:
         raise InvalidPlan("spec.compression: " + "; ".join(decided))
     throughputs = [t for t in (c.throughput_factor, None if c.latency_factor is None else 1 / c.latency_factor)
                    if t is not None]
-    target: dict[str, Any] = {"gpu": c.target_gpu.value, "precision": precision.value, "batch": c.batch,
-                              "context": c.context_length}
+    target: dict[str, Any] = {"gpu": c.target_gpu.value, "precision": precision.value, "kvDtype": kv_dtype.value,
+                              "batch": c.batch, "context": c.context_length}
     if throughputs:
         target["throughput"] = max(throughputs)
     if c.memory_budget_per_gpu is not None:
@@ -115,21 +116,24 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision) -> Plan:
         raise InvalidPlan(f"spec.compression (with planOverrides) makes an invalid plan: {problems}") from error
 
 
-def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog) -> BuildPlan:
-    """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force."""
+def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog,
+            serving: int | None = None) -> BuildPlan:
+    """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force; the folders of the
+    generation `serving` outlive the build."""
     gpu = catalog.get(spec.compression.target_gpu.value)
     if not gpu.gfd_products:
         raise InvalidPlan(f"spec.compression.targetGPU: GPU profile {gpu.name} names no nvidia.com/gpu.product to "
                           "select nodes by (gfdProducts in the GPU profiles)")
     precision = resolve_precision(spec.quantization.precision, gpu)
+    kv_dtype = resolve_kv_dtype(spec.quantization.kv_cache_dtype, gpu)
     quality_tokens = spec.compression.quality_tokens
     return BuildPlan(
         model=model["metadata"]["name"], fingerprint=fingerprint(spec), parent=parent_location(spec)[0],
         target_gpu=gpu.name, target_product=gpu.gfd_products[0], precision=precision,
-        kv_cache_dtype=resolve_kv_dtype(spec.quantization.kv_cache_dtype, gpu),
+        kv_cache_dtype=kv_dtype,
         gpu_profiles=list(catalog.profiles.values()),
-        layout=ArtifactLayout(folder=names.folder(model), build=build),
-        puzzle=compression_plan(spec, precision),
+        layout=ArtifactLayout(folder=names.folder(model), build=build, keep=[] if serving is None else [serving]),
+        puzzle=compression_plan(spec, precision, kv_dtype),
         quantize=None if precision is Precision.BF16 else QuantizeStep(
             format=precision.value, calibration_tokens=spec.quantization.calibration_samples * CALIBRATION_WINDOW,
             eval_tokens=quality_tokens),

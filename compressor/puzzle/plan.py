@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from tailor.compressor.hardware import Precision
+from tailor.compressor.memory import KvDtype
 
 MAX_TOKENS = 10**13  # the CompressedModel API's own ceiling for distillation budgets
 MAX_CONTEXT = 16 * 1024 * 1024
@@ -41,6 +42,8 @@ class Target(_Spec):
 
     gpu: str = Field("H100-80GB", description="GPU profile name or alias (compressor/gpus.yaml).")
     precision: Precision = Field(Precision.BF16, description="Weight precision the costs assume.")
+    kv_dtype: KvDtype | None = Field(None, description="KV-cache dtype the costs assume; default: bf16 with bf16 "
+                                                       "weights, else what the GPU computes in (fp8 where it can).")
     batch: int = Field(1, gt=0, le=4096, description="Concurrent requests the costs are computed at.")
     context: int = Field(1024, gt=0, le=MAX_CONTEXT,
                          description="Tokens in the KV cache for decode; prompt length for prefill.")

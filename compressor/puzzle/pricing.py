@@ -22,8 +22,8 @@ from tailor.compressor.memory import (
     KvDtype,
     block_weight_bytes,
     mamba_state_bytes,
-    preferred_kv_dtype,
     recipe_for,
+    resolve_kv_dtype,
     weight_bytes,
 )
 from tailor.compressor.puzzle.plan import CostSource, Target
@@ -48,7 +48,11 @@ class Price(BaseModel):
 
 
 def kv_dtype_for(target: Target, gpu: GpuProfile) -> KvDtype:
-    return KvDtype.BF16 if target.precision is Precision.BF16 else preferred_kv_dtype(gpu)
+    """The target's KV dtype (the operator's build plan sets it); for a plan without one, bf16 beside bf16
+    weights, else the GPU's `auto` choice."""
+    if target.kv_dtype is not None:
+        return target.kv_dtype
+    return KvDtype.BF16 if target.precision is Precision.BF16 else resolve_kv_dtype("auto", gpu)
 
 
 def resolve_source(target: Target, on_cpu: bool) -> CostSource:

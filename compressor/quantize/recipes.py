@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from tailor.compressor.architecture import Architecture, TensorGroup
-from tailor.compressor.hardware import GpuProfile, Precision
+from tailor.compressor.hardware import GpuProfile, Precision, resolve_precision
 from tailor.compressor.memory import RECIPES, QuantRecipe, recipe_for
 
 
@@ -22,7 +22,7 @@ def choose_recipe(fmt: QuantFormat, arch: Architecture, gpu: GpuProfile | None) 
     if fmt is QuantFormat.AUTO:
         if gpu is None:
             raise ValueError("--format auto needs a target GPU (--gpu) to choose between nvfp4 and fp8")
-        precision = gpu.preferred_precision()
+        precision = resolve_precision("auto", gpu)
         if precision is Precision.BF16:
             raise ValueError(f"--format auto: {gpu.name} ({gpu.family}) computes in neither NVFP4 nor FP8; "
                              "pick --format fp8 or nvfp4 explicitly")

@@ -34,7 +34,7 @@ def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget(
     spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8).spec
     plan = compression_plan(spec, Precision.NVFP4)
     target = plan.model_dump(by_alias=True, exclude_none=True)["target"]
-    assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "batch": 8, "context": 1_000_000,
+    assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "kvDtype": "bf16", "batch": 8, "context": 1_000_000,
                       "throughput": 2.0,  # per-token latency x0.5 at the batch is 2x decode throughput
                       "memoryGiB": 78.0, "paramsBillions": 76, "activeParamsBillions": 9.5, "costs": "auto"}
     assert plan.parent == "hf://nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
@@ -101,3 +101,17 @@ def test_the_75b_child_config_fits_a_termination_message() -> None:
     assert unpack_config(CompressResult.model_validate_json(result.message()).config) == config
     with pytest.raises(ValueError, match="termination message holds 4096"):
         result.model_copy(update={"pattern": "M" * 5000}).message()
+
+
+def test_a_build_keeps_its_own_and_the_serving_generations_folders_only(tmp_path: Path) -> None:
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 5, CATALOG, serving=3)
+    assert plan.layout.keep == [3]
+    folder = tmp_path / plan.layout.folder
+    for name in ("g1", "g3", "g4", "g5", "g10", "grafana"):
+        (folder / name / "x").mkdir(parents=True)
+    (tmp_path / "m-ffffffff" / "g1").mkdir(parents=True)  # another object's folder
+    removed = plan.layout.prune(str(tmp_path))
+    assert sorted(p.name for p in removed) == ["g1", "g10", "g4"]
+    assert sorted(p.name for p in folder.iterdir()) == ["g3", "g5", "grafana"]
+    assert (tmp_path / "m-ffffffff" / "g1").is_dir()
