@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tailor.cli import compress, demo, quantize, run_operator, serving, size
+from tailor.cli import compress, demo, plans, quantize, run_operator, serving, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     compress.add_parsers(nouns)
     quantize.add_parser(nouns)
     serving.add_parsers(nouns)
+    plans.add_parser(nouns)
     run_operator.add_parser(nouns)
     run_operator.add_check_parser(nouns)
     return parser

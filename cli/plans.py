@@ -4,7 +4,9 @@ the pod."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 from tailor.compressor.buildplan import BuildPlan, Stage
 from tailor.compressor.results import StageResult, write_result
@@ -22,3 +24,32 @@ def needs(args: object, *flags: str) -> None:
     missing = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"{', '.join(missing)} required without --plan")
+
+
+def _result(args: argparse.Namespace) -> int:
+    """`tailor result`: a stage's result, read back from the claim (when the stage's pod is gone)."""
+    from pydantic import ValidationError
+
+    from tailor.compressor.results import CompressResult, GateResult, QuantizeResult
+
+    models: dict[str, type[StageResult]] = {"compress": CompressResult, "quantize": QuantizeResult,
+                                            "evaluate": GateResult}
+    path = Path(BuildPlan.load(args.plan).layout.result(args.stage))
+    try:
+        result = models[args.stage].model_validate_json(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{path}: no {args.stage} result on the claim ({error.strerror})") from error
+    except ValidationError as error:
+        raise ValueError(f"{path}: not a {args.stage} result: {error}") from error
+    write_results(result, args.result_file, None, args.stage)
+    print(result.model_dump_json(indent=2))
+    return 0
+
+
+def add_parser(nouns: Any) -> None:
+    parser = nouns.add_parser("result", help="print a build stage's result from the artifacts claim (what the "
+                                             "operator reads when the stage's pod is gone)")
+    parser.add_argument("--plan", type=Path, required=True, help="the build plan")
+    parser.add_argument("--stage", choices=["compress", "quantize", "evaluate"], required=True)
+    parser.add_argument("--result-file", type=Path, help="also write it here (a Job's termination log)")
+    parser.set_defaults(run=_result)

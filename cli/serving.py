@@ -20,7 +20,7 @@ EXAMPLES = """examples:
 
 def _package(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs
-    from tailor.compressor.buildplan import ARTIFACTS_MOUNT, BuildPlan
+    from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.serving.repository import package
@@ -30,7 +30,7 @@ def _package(args: argparse.Namespace) -> int:
         pool = plan.pool
         if pool is None:
             raise ValueError(f"{args.plan}: the build plan names no pool to package for")
-        out = Path(f"{ARTIFACTS_MOUNT}/{plan.layout.package(pool.generation, pool.name)}")
+        out = Path(plan.layout.root, plan.layout.package(pool.generation, pool.name))
         settings = package(Path(plan.checkpoint), out, plan.model, plan.catalog().get(pool.gpu_profile), pool.context,
                            max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
                            threads=args.threads, dtype=args.dtype, tensor_parallel=pool.tensor_parallel,

@@ -46,6 +46,7 @@ class _Model(BaseModel):
 class ArtifactLayout(_Model):
     """Where every stage reads and writes on the artifacts claim."""
 
+    root: str = Field(ARTIFACTS_MOUNT, description="Where the artifacts claim is mounted in stage pods.")
     folder: str = Field(pattern=r"^[a-z0-9][-a-z0-9]*$", description="The object's folder: <name>-<uid8>.")
     build: int = Field(ge=1, description="The generation whose Jobs build the artifacts.")
     keep: list[int] = Field(default_factory=list, description="Generations whose folders outlive this build (the "
@@ -53,7 +54,7 @@ class ArtifactLayout(_Model):
 
     @property
     def build_dir(self) -> str:
-        return f"{ARTIFACTS_MOUNT}/{self.folder}/g{self.build}"
+        return f"{self.root}/{self.folder}/g{self.build}"
 
     @property
     def compress_dir(self) -> str:
@@ -70,20 +71,20 @@ class ArtifactLayout(_Model):
     @property
     def cache(self) -> str:
         """Downloads (hf:// parents), shared by the object's stages and builds."""
-        return f"{ARTIFACTS_MOUNT}/.cache"
+        return f"{self.root}/.cache"
 
     def result(self, stage: Stage) -> str:
         return f"{self.build_dir}/results/{stage}.json"
 
     def package(self, generation: int, pool: str) -> str:
-        """A pool's `tailor package` folder, relative to the claim's root."""
+        """A pool's `tailor package` folder, relative to the claim's root (Triton pods mount the claim elsewhere)."""
         return f"{self.folder}/g{generation}/triton-{pool}"
 
-    def prune(self, root: str = ARTIFACTS_MOUNT) -> list[Path]:
+    def prune(self) -> list[Path]:
         """The retention policy: a build removes the object's older generation folders (builds and packages),
         keeping its own and those in `keep`; the removed folders."""
         kept = {f"g{generation}" for generation in (self.build, *self.keep)}
-        found = sorted(Path(root, self.folder).glob("g*"))
+        found = sorted(Path(self.root, self.folder).glob("g*"))
         stale = [path for path in found if path.is_dir() and re.fullmatch(r"g\d+", path.name) and path.name not in kept]
         for path in stale:
             shutil.rmtree(path)

@@ -476,14 +476,16 @@ class CompressedModelStatus(StatusModel):
 
 
 # Derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters that start with a
-# letter. The longest is a package Job, <name>-g<generation>-package-<pool>, with up to 6 generation digits.
+# letter, with up to 6 generation digits: a package Job <name>-g<generation>-package-<pool> and a result
+# reader Job <name>-g<generation>-<stage>-r are the longest.
 NAME_BUDGET = 63 - len("-g") - 6 - len("-package-")  # for the object's name and a pool's name together
+NAME_MAX = 63 - len("-g") - 6 - len("-evaluate-r")
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_IS_LABEL = cel(f"self.metadata.name.matches('{NAME_PATTERN}')",
                     "metadata.name must start with a letter and hold only a-z, 0-9 and '-' (no dots): it names "
                     "the model's Services, Jobs and Deployments")
-NAME_FITS = cel(f"size(self.metadata.name) <= {NAME_BUDGET - 1}",
-                f"metadata.name must be at most {NAME_BUDGET - 1} characters: the Job <name>-g<generation>-compress "
+NAME_FITS = cel(f"size(self.metadata.name) <= {NAME_MAX}",
+                f"metadata.name must be at most {NAME_MAX} characters: the Job <name>-g<generation>-evaluate-r "
                 "and the other derived names must fit 63")
 POOL_NAMES_FIT = cel(
     f"!has(self.spec.deployment) || self.spec.deployment.pools.all(p, size(self.metadata.name) + size(p.name)"
@@ -510,7 +512,7 @@ class CompressedModel(ApiModel):
             return self
         if not re.fullmatch(NAME_PATTERN, name):
             raise ValueError(NAME_IS_LABEL["message"])
-        if len(name) > NAME_BUDGET - 1:
+        if len(name) > NAME_MAX:
             raise ValueError(NAME_FITS["message"])
         if self.spec.deployment and any(len(name) + len(p.name) > NAME_BUDGET for p in self.spec.deployment.pools):
             raise ValueError(POOL_NAMES_FIT["message"])

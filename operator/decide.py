@@ -370,13 +370,13 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
 
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
-              config_map: str, gpu_product: str, pool: str | None = None) -> None:
-    """Create a stage's Job (and what it needs) unless something keeps it waiting; then `p` says so."""
+              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False) -> None:
+    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs)."""
     jobs = spec.jobs
+    gpus = 0 if stage == "package" or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
     settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
-                           gpus_per_node=0 if stage == "package" else 1 if stage == "evaluate" else jobs.gpus_per_node,
-                           nodes=jobs.nodes if stage == "compress" else 1, backoff_limit=jobs.backoff_limit,
-                           active_deadline_seconds=jobs.active_deadline_seconds)
+                           gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
+                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds)
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
@@ -384,10 +384,11 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
     for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
-                              jobs.pod_annotations, parent_location(spec)[1], pool, env):
+                              jobs.pod_annotations, parent_location(spec)[1], pool, env, reader):
         p.create(manifest)
     name = names.job_name(p.name, generation, stage, pool)
-    p.event("JobCreated", f"created Job {name}: tailor {stage}")
+    p.event("JobCreated", f"created Job {names.reader_name(name)}: tailor result --stage {stage}" if reader
+            else f"created Job {name}: tailor {stage}")
 
 
 def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
@@ -430,6 +431,11 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
             active = (job.get("status") or {}).get("active", 0)
             progress.message = f"{active} pod(s) running" if active else "waiting for a pod"
             return False
+        if not message and name not in p.world.with_pods:
+            message = read_back(p, spec, plan, stage, name)
+            if message is None:
+                progress.message = "the stage's pod is gone: reading its result from the claim"
+                return False
         if not message:
             raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
         record(p, spec, plan, stage, message)
@@ -442,6 +448,21 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
 
 
 # --- results -------------------------------------------------------------------------------------------
+
+
+def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, job: str) -> str | None:
+    """A finished stage whose pod is gone (its node scaled away) costs no rebuild: a reader Job hands back
+    the result the stage wrote on the claim. The message once it has; None while it runs."""
+    reader = p.owned("Job", names.reader_name(job))
+    if reader is None:
+        start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation), None,
+                  reader=True)
+        return None
+    try:
+        return job_outcome(p, reader)
+    except Refused as refused:
+        raise Refused(Reason.NO_RESULT, f"Job {job} succeeded and its pod is gone; reading its result from the "
+                                        f"claim failed: {refused.message}") from refused
 
 
 def record(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, message: str) -> None:

@@ -40,11 +40,13 @@ class JobSettings(BaseModel):
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
 
 
-def stage_args(stage: Stage) -> list[str]:
+def stage_args(stage: Stage, reader: bool = False) -> list[str]:
     """Every stage reads its build plan; a build stage writes its result as the termination message (a
-    package's result is the repository it writes)."""
-    result = [] if stage == "package" else ["--result-file", RESULT_FILE]
-    return [stage, "--plan", f"{PLAN_MOUNT}/{PLAN_FILE}", *result]
+    package's result is the repository it writes). A reader hands back a stage's result from the claim."""
+    plan = ["--plan", f"{PLAN_MOUNT}/{PLAN_FILE}"]
+    if reader:
+        return ["result", *plan, "--stage", stage, "--result-file", RESULT_FILE]
+    return [stage, *plan, *([] if stage == "package" else ["--result-file", RESULT_FILE])]
 
 
 def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
@@ -63,12 +65,14 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings, gpu_product: str | None,
               claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
-              source_claim: str | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None
-              ) -> list[dict[str, Any]]:
+              source_claim: str | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
+              reader: bool = False) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
     generation `generation`; a pvc:// source's claim is mounted read-only at /source. `gpu_product` None
-    runs anywhere (packaging needs no GPU)."""
+    runs on any node. A `reader` Job hands back the stage's result from the claim (`tailor result`)."""
     name = names.job_name(model["metadata"]["name"], generation, stage, pool)
+    if reader:
+        name = names.reader_name(name)
     labels = {**names.model_labels(model), names.STAGE: stage, names.GENERATION: str(generation)}
     meta = {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
             "ownerReferences": [owner_reference(model)]}
@@ -93,7 +97,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         "tolerations": [GPU_TAINT_TOLERATION],
         "securityContext": POD_SECURITY,
         "containers": [{
-            "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage)),
+            "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage, reader)),
             "env": list(env or []),
             "resources": {"requests": requests, **({"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {})},
             "volumeMounts": mounts,

@@ -40,6 +40,11 @@ def job_name(name: str, generation: int, stage: Stage, pool: str | None = None) 
     return f"{name}-g{generation}-{stage}" + (f"-{pool}" if pool else "")
 
 
+def reader_name(job: str) -> str:
+    """The Job that reads a stage's result back from the claim when the stage's pod is gone."""
+    return f"{job}-r"
+
+
 def plan_name(name: str, generation: int) -> str:
     """The build plan ConfigMap the build's stage Jobs read."""
     return f"{name}-g{generation}-plan"

@@ -27,6 +27,7 @@ class Observed:
     claim: dict[str, Any] | None = None  # the claim the object writes to (its own or the existingClaim)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
+    with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -45,8 +46,14 @@ def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:
     """Whether the status already holds what this finished Job had to say."""
     if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
         return True  # a package Job's result is the repository on the claim
-    return any(s.get("jobName") == job["metadata"]["name"] and s.get("state") in ("Succeeded", "Failed")
+    name = job["metadata"]["name"]
+    return any(name in (s.get("jobName"), f"{s.get('jobName')}-r") and s.get("state") in ("Succeeded", "Failed")
                for s in status.get("stages") or [])
+
+
+def pod_jobs(pods: list[dict[str, Any]]) -> frozenset[str]:
+    return frozenset(job for pod in pods if (job := (pod["metadata"].get("labels") or {}).get(
+        "batch.kubernetes.io/job-name")) is not None)
 
 
 def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
@@ -77,9 +84,9 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     spec, status = model.get("spec") or {}, model.get("status") or {}
     claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
-    results: dict[str, str] = {}
+    pods: list[dict[str, Any]] = []
     if any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
-        results = termination_messages(kube.select(owner, "Pod", namespace, selector))
+        pods = kube.select(owner, "Pod", namespace, selector)
     sizing = spec.get("deployment") and (status.get("build") or {}).get("childConfig")
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if sizing else [],
-                    results=results)
+                    results=termination_messages(pods), with_pods=pod_jobs(pods))

@@ -133,7 +133,7 @@ INVALID = [
     # derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters
     Case("name-starts-with-a-digit", {"metadata": {"name": "1model"}}, "metadata.name"),
     Case("name-with-a-dot", {"metadata": {"name": "model.v2"}}, "metadata.name"),
-    Case("name-too-long", {"metadata": {"name": "m" * 46}}, "metadata.name"),
+    Case("name-too-long", {"metadata": {"name": "m" * 45}}, "metadata.name"),
     Case("name-and-pool-too-long", {"metadata": {"name": "m" * 40}, **_spec(deployment={"pools": [
         {**POOL, "name": "p" * 7}]})}, "metadata.name"),
 ]

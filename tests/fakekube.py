@@ -151,12 +151,15 @@ class FakeKube(Kube):
     # --- what a test does as the controllers -------------------------------------------------------
 
     def finish_job(self, name: str, message: str | None = None, failed: str | None = None,
-                   namespace: str = "ns") -> None:
-        """The Job controller's verdict, and its pod with the termination message."""
+                   namespace: str = "ns", pod: bool = True) -> None:
+        """The Job controller's verdict, and its pod with the termination message (`pod` False: the pod is
+        gone, as when its node was scaled away)."""
         job = self.store[("Job", namespace, name)]
         condition = {"type": "Failed", "status": "True", "reason": failed, "message": "Job has reached the "
                      "specified backoff limit"} if failed else {"type": "Complete", "status": "True"}
         job["status"] = {"conditions": [condition], "active": 0}
+        if not pod:
+            return
         pod_labels = {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": name}
         text = message if message is not None else (failed or "")
         self.store[("Pod", namespace, f"{name}-pod")] = {

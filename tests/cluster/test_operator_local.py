@@ -19,10 +19,9 @@ from tailor.compressor.serving.client import infer
 from cmodels import OBJECTS, jobs, wait_phase
 from conftest import wait_for
 
-PLAN = {"data": {"seqLen": 64}, "target": {"costs": "roofline"},
-        "bld": {"tokens": 1024, "lr": 0.001, "batch": 4}, "bldActivationTokens": 512, "scoringTokens": 256,
-        "evalTokens": 256, "gkd": {"tokens": 512, "lr": 0.0001, "batch": 4}, "measureTokens": 4,
-        "measureContext": 128}
+PLAN = {"data": {"seqLen": 64}, "target": {"costs": "roofline"}, "bld": {"lr": 0.001, "batch": 4},
+        "bldActivationTokens": 512, "scoringTokens": 256, "evalTokens": 256, "gkd": {"lr": 0.0001, "batch": 4},
+        "measureTokens": 4, "measureContext": 128}
 
 
 def _source_claim(core: client.CoreV1Api, namespace: str, parent: Path) -> None:
@@ -44,7 +43,8 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     OBJECTS.create(objects, namespace, {"metadata": {"name": "toy"}, "spec": {
         "source": {"uri": "pvc://models/tiny-nemotron-h"},
         "compression": {"targetGPU": "cpu", "throughputFactor": 1.05, "contextLength": 256, "rounds": 1,
-                        "minQualityRetention": 0.5, "planOverrides": PLAN},
+                        "minQualityRetention": 0.5, "planOverrides": PLAN,
+                        "distillation": {"blockwiseTokens": 1024, "globalTokens": 512}},
         "quantization": {"precision": "fp8", "calibrationSamples": 2},
         "deployment": {"pools": [{"name": "local", "nodeSelector": {"nvidia.com/gpu.product": "tailor-local-cpu"},
                                   "concurrency": {"total": 4}}],

@@ -481,3 +481,32 @@ def test_bf16_builds_skip_quantization_and_size_with_bf16(kube: FakeKube) -> Non
     assert "m-g1-quantize" not in kube.names("Job")
     assert ready.status.build is not None and ready.status.build.recipe == "bf16"
     assert plan_of(kube, "m-g1-plan").quantize is None
+
+
+# --- results outlive their pods ---------------------------------------------------------------------------
+
+
+def test_a_result_whose_pod_is_gone_is_read_back_from_the_claim(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    step(kube)
+    kube.finish_job("m-g1-compress", pod=False)  # the GPU node went away with the pod
+    assert step(kube).phase == "Compressing"
+    reader = kube.obj("Job", "m-g1-compress-r")["spec"]["template"]["spec"]
+    assert reader["containers"][0]["command"] == ["tailor", "result", "--plan", "/plan/plan.yaml", "--stage",
+                                                  "compress", "--result-file", "/dev/termination-log"]
+    assert "nvidia.com/gpu" not in reader["containers"][0]["resources"]["requests"] and "nodeSelector" not in reader
+    kube.finish_stage("m-g1-compress-r", published_results())
+    assert step(kube).phase == "Quantizing"  # no rebuild
+    assert kube.names("Job") == ["m-g1-compress", "m-g1-compress-r", "m-g1-quantize"]
+
+
+def test_a_result_neither_pod_nor_claim_has_fails_with_no_result(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    step(kube)
+    kube.finish_job("m-g1-compress", pod=False)
+    step(kube)
+    kube.finish_job("m-g1-compress-r", "tailor: error: /artifacts/m-uid/g1/results/compress.json: no compress "
+                                       "result on the claim", failed="BackoffLimitExceeded")
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "NoResult" and "no compress result on the claim" in condition["message"]

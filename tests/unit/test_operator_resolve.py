@@ -111,7 +111,29 @@ def test_a_build_keeps_its_own_and_the_serving_generations_folders_only(tmp_path
     for name in ("g1", "g3", "g4", "g5", "g10", "grafana"):
         (folder / name / "x").mkdir(parents=True)
     (tmp_path / "m-ffffffff" / "g1").mkdir(parents=True)  # another object's folder
-    removed = plan.layout.prune(str(tmp_path))
+    removed = plan.layout.model_copy(update={"root": str(tmp_path)}).prune()
     assert sorted(p.name for p in removed) == ["g1", "g10", "g4"]
     assert sorted(p.name for p in folder.iterdir()) == ["g3", "g5", "grafana"]
     assert (tmp_path / "m-ffffffff" / "g1").is_dir()
+
+
+def test_tailor_result_hands_back_a_stage_result_from_the_claim(tmp_path: Path) -> None:
+    """What a reader Job runs when a finished stage's pod is gone."""
+    from tailor.cli.main import main
+
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    plan = plan.model_copy(update={"layout": plan.layout.model_copy(update={"root": str(tmp_path)})})
+    (tmp_path / "plan.yaml").write_text(plan.dump())
+    args = ["result", "--plan", str(tmp_path / "plan.yaml"), "--stage", "compress", "--result-file",
+            str(tmp_path / "termination-log")]
+    assert main(args) == 1  # nothing on the claim yet: an error naming the file
+    saved = Path(plan.layout.result("compress"))
+    saved.parent.mkdir(parents=True)
+    saved.write_text('{"stage": "compress"}')
+    assert main(args) == 1  # not a compress result
+    result = CompressResult(child="/x", params=2, active_params=1, parent_params=4, parent_active_params=2,
+                            pattern="M*", predicted_speedup=2.0, kl_to_parent=0.1, config=pack_config({"a": 1}))
+    saved.write_text(result.message())
+    assert main(args) == 0
+    assert (tmp_path / "termination-log").read_text() == result.message()
