@@ -2,13 +2,16 @@
 CompressedModels whose stage Jobs finish at once (kwok hands back canned results), all created together.
 
     .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
+    .venv/bin/python bench/operator.py --baseline 4825d2d    # that commit's operator, then this one's, side by side
 
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
 `tailor_api_requests_total`) and, from the API server's audit log, everything the operator process sent (its
 reconciler and kopf, by verb), reconciliation passes per object, and the operator's peak resident memory (VmHWM).
 Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it starts its own in a temporary
-state folder on the same ports.
+state folder on the same ports. With `--baseline REV`, the same run is made first with the operator of commit REV
+(a git worktree put first on the operator's PYTHONPATH; the devcluster, CRD and workload stay this checkout's),
+then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--models", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--baseline", help="a commit whose operator runs first, for a side-by-side comparison")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "operator.json")
     args = parser.parse_args()
     if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
@@ -92,10 +96,61 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the benchmark's devcluster
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
-        os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
-        layout = cluster.up(pools_file(Path(scratch), args.nodes), audit=True)
-        operator: subprocess.Popen[bytes] | None = None
-        try:
+        if args.baseline is None:
+            report = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
+        else:
+            baseline = bench(args, Path(scratch) / "baseline", baseline_path(args.baseline, Path(scratch)),
+                             args.out.with_name(f"{args.out.stem}-baseline.png"))
+            current = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
+            report = {"baseline": {"commit": args.baseline, **baseline}, "current": current,
+                      "ratios": ratios(baseline, current)}
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", f"{scratch}/worktree"],
+                           check=False, capture_output=True)
+    report.update(nodes=args.nodes, models=args.models, cpus=os.cpu_count())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(without_samples(report), indent=2))
+    return 0
+
+
+def without_samples(report: dict[str, Any]) -> dict[str, Any]:
+    return {key: without_samples(value) if isinstance(value, dict) else value for key, value in report.items()
+            if key != "secondsToReady"}
+
+
+def baseline_path(commit: str, scratch: Path) -> Path:
+    """A PYTHONPATH entry whose `tailor` package is commit `commit`'s (a worktree, linked like the installed
+    package maps the top-level folders)."""
+    worktree = scratch / "worktree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), commit], check=True,
+                   capture_output=True)
+    package = scratch / "baseline-path" / "tailor"
+    package.mkdir(parents=True)
+    for folder in ("cli", "operator", "compressor", "devcluster"):
+        (package / folder).symlink_to(worktree / folder)
+    return package.parent
+
+
+def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float | None]:
+    """current / baseline for each figure both runs have (below 1: the current operator does better)."""
+    def figures(report: dict[str, Any]) -> dict[str, float]:
+        out = {f"createToReady.{k}": v for k, v in (report.get("createToReadySeconds") or {}).items()}
+        out.update({key: report[key] for key in ("wallSeconds", "apiRequestsPerModel", "reconcilesPerModel",
+                                                 "operatorPeakRssMiB")})
+        out.update({f"audited.{who}": counts["total"] for who, counts in report["auditedRequestsPerModel"].items()})
+        return out
+
+    before, after = figures(baseline), figures(current)
+    return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after}
+
+
+def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path) -> dict[str, Any]:
+    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
+    layout = cluster.up(pools_file(scratch, args.nodes), audit=True)
+    operator: subprocess.Popen[bytes] | None = None
+    try:
             kubectl = [str(Path(cluster.ensure_binaries()) / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
             subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml")],
                            check=True, capture_output=True)
@@ -103,28 +158,30 @@ def main() -> int:
                            check=True, capture_output=True)
             subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
             env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
-            log = Path(scratch) / "operator.log"
+            # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which this
+            # operator allows only when told (a baseline before the allowlist knows no such flag)
+            allow = [] if pythonpath else ["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
+            if pythonpath is not None:
+                env["PYTHONPATH"] = str(pythonpath)
+            log = scratch / "operator.log"
             with log.open("wb") as sink:
                 operator = subprocess.Popen(
                     [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
-                     "--metrics-port", str(METRICS_PORT), "--liveness-port", "0", "--bind", "127.0.0.1"],
+                     "--metrics-port", str(METRICS_PORT), "--liveness-port", "0", "--bind", "127.0.0.1", *allow],
                     env=env, stdout=sink, stderr=subprocess.STDOUT)
             time.sleep(3)
-            report = run(layout, args, operator)
+            report = run(layout, args, operator, png)
             report["auditedRequestsPerModel"] = audited(layout.audit_log, args.models)
-        finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=60)
-            cluster.down(purge=True)
-    report.update(nodes=args.nodes, models=args.models, cpus=os.cpu_count())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "secondsToReady"}, indent=2))
-    return 0
+    finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(timeout=60)
+        cluster.down(purge=True)
+    return report
 
 
-def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes]) -> dict[str, Any]:
+def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes], png: Path
+        ) -> dict[str, Any]:
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
     objects = client.CustomObjectsApi(api)
     ready: dict[str, float] = {}
@@ -169,7 +226,7 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
         "apiRequestsPerModel": round(requests / args.models, 1), "reconcilesPerModel": round(passes / args.models, 1),
         "operatorPeakRssMiB": round(peak_kib / 1024, 1), "stageSecondsMedian": stages,
         "secondsToReady": sorted(round(s, 2) for s in seconds)}
-    plot(seconds, args.out.with_suffix(".png"))
+    plot(seconds, png)
     return report
 
 

@@ -231,8 +231,9 @@ def decide(world: Observed, settings: OperatorSettings) -> Decision:
         plan = build_plan(p, spec)
         delete_superseded_jobs(p)
         for stage in plan.stages:
-            if not advance(p, spec, plan, stage):
-                return p.outcome(STAGE_PHASES[STAGE_NAMES[stage]])
+            if not advance(p, spec, plan, stage):  # Pending: no Job yet (waiting for the claim)
+                waiting = p.stage(STAGE_NAMES[stage]).state == "Pending"
+                return p.outcome("Pending" if waiting else STAGE_PHASES[STAGE_NAMES[stage]])
         if spec.deployment is None:
             rollout.remove_serving(p, keep=set())
             p.condition(READY, True, Reason.BUILT, "the model is built; the spec asks for no deployment")

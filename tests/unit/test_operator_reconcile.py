@@ -510,3 +510,15 @@ def test_a_result_neither_pod_nor_claim_has_fails_with_no_result(kube: FakeKube)
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "NoResult" and "no compress result on the claim" in condition["message"]
+
+
+def test_an_object_waiting_for_its_claim_is_pending_and_starts_no_job(kube: FakeKube) -> None:
+    body = manifest()
+    body["spec"]["storage"] = {"existingClaim": "shared"}
+    kube.apply(body)
+    pending = step(kube)
+    assert pending.phase == "Pending" and not kube.names("Job")
+    assert "PersistentVolumeClaim shared" in (pending.status.stages[0].message or "")
+    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": "shared", "namespace": "ns", "labels": {"tailor.dev/allowed": "true"}}})
+    assert step(kube).phase == "Compressing" and kube.names("Job") == ["m-g1-compress"]
