@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import KvDtype
-from tailor.compressor.puzzle.plan import Plan, PlanError
+from tailor.compressor.puzzle.plan import Plan, PlanError, problems
 from tailor.compressor.sizing import Sizing
 
 API_VERSION: Literal["tailor.dev/build-plan/v1"] = "tailor.dev/build-plan/v1"
@@ -156,6 +156,4 @@ class BuildPlan(_Model):
         try:
             return cls.model_validate(data)
         except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}"
-                                 for e in error.errors())
-            raise PlanError(f"{path}: not a build plan: {problems}") from error
+            raise PlanError(f"{path}: not a build plan: {problems(error)}") from error

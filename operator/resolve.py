@@ -22,7 +22,7 @@ from tailor.compressor.buildplan import (
 )
 from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
 from tailor.compressor.memory import KvDtype, resolve_kv_dtype
-from tailor.compressor.puzzle.plan import Plan, Training
+from tailor.compressor.puzzle.plan import Plan, Training, problems
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 
@@ -112,8 +112,7 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: 
     try:
         return Plan.model_validate(_merge(plan, overrides))
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}" for e in error.errors())
-        raise InvalidPlan(f"spec.compression (with planOverrides) makes an invalid plan: {problems}") from error
+        raise InvalidPlan(f"spec.compression (with planOverrides) makes an invalid plan: {problems(error)}") from error
 
 
 def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog,

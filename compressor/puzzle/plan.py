@@ -23,6 +23,11 @@ MAX_VARIANTS = 16  # values per library list: each one is a variant of every blo
 Share = Annotated[float, Field(gt=0, le=1.0)]
 
 
+def problems(error: ValidationError) -> str:
+    """A validation error in one line, each problem named by its field path (camelCase as in the YAML)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}" for e in error.errors())
+
+
 class PlanError(ValueError):
     """A plan file that cannot be read or does not validate; the message names the field."""
 
@@ -58,10 +63,10 @@ class Target(_Spec):
                                         description="At most this share of the parent's parameters active per token.")
     params_billions: float | None = Field(None, gt=0, le=100_000,
                                           description="At most this many parameters, in billions; "
-                                                                  "turned into `params` once the parent is known.")
+                                                      "turned into `params` once the parent is known.")
     active_params_billions: float | None = Field(None, gt=0, le=100_000,
                                                  description="At most this many active parameters per "
-                                                                         "token, in billions (into `activeParams`).")
+                                                             "token, in billions (into `activeParams`).")
     costs: CostSource = CostSource.AUTO
 
     @model_validator(mode="after")
@@ -95,22 +100,22 @@ class Library(_Spec):
                                     description="FFN widths as shares of the parent's.")
     kv_heads: list[Annotated[int, Field(ge=1, le=1024)]] | None = Field(None, max_length=MAX_VARIANTS,
                                         description="KV head counts to offer ([]: none); default: every "
-                                                         "divisor of the query heads below the parent's count.")
+                                                    "divisor of the query heads below the parent's count.")
     linear: bool = Field(True, description="Offer a single linear map for every block.")
     no_op: bool = Field(True, description="Offer removing every block altogether.")
     mamba_heads: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
                                      description="Mamba-2 heads as shares of the parent's (the "
-                                                               "same count kept in every group).")
+                                                 "same count kept in every group).")
     mamba_head_dims: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
                                          description="Mamba-2 head dims as shares of the parent's.")
     ssm_states: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
                                     description="SSM state sizes as shares of the parent's; one size is "
-                                                         "chosen for every Mamba block.")
+                                                "chosen for every Mamba block.")
     expert_widths: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
                                        description="Routed-expert widths as shares of the parent's.")
     experts_kept: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
                                       description="Routed experts kept (the least important by removal "
-                                                          "go), as shares of the parent's.")
+                                                  "go), as shares of the parent's.")
     top_k: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
                                description="Experts per token as shares of the parent's top-k.")
     shared_widths: list[Share] = Field([], max_length=MAX_VARIANTS,
@@ -145,7 +150,7 @@ class Plan(_Spec):
     bld: Training = Training(tokens=32768, lr=1e-3)
     bld_activation_tokens: int = Field(8192, gt=0, le=MAX_TOKENS,
                                        description="Distinct training tokens whose activations BLD "
-                                                               "learns from (cycled until bld.tokens).")
+                                                   "learns from (cycled until bld.tokens).")
     scoring_tokens: int = Field(1024, gt=0, le=MAX_TOKENS,
                                 description="Held-out tokens each replace-1-block score is taken on.")
     eval_tokens: int = Field(4096, gt=0, le=MAX_TOKENS,
@@ -159,7 +164,7 @@ class Plan(_Spec):
     measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")
     measure_context: int = Field(2048, gt=0, le=MAX_CONTEXT,
                                  description="The measured tokens/s figure runs on this machine at the "
-                                                         "target's batch and at most this many cached tokens.")
+                                             "target's batch and at most this many cached tokens.")
 
     @classmethod
     def load(cls, path: Path) -> Plan:
@@ -174,9 +179,7 @@ class Plan(_Spec):
         try:
             return cls.model_validate(data)
         except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(plan)'}: {e['msg']}"
-                                 for e in error.errors())
-            raise PlanError(f"{path}: {problems}") from error
+            raise PlanError(f"{path}: {problems(error)}") from error
 
     def round_targets(self, parent_memory_gib: float) -> list[Target]:
         """Iterative Puzzle: round r of N meets the (r/N)-th power of every ratio to the parent (memory
