@@ -5,9 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 TAILOR := $(BIN)/tailor
 PACKAGES := cli operator compressor devcluster
+OPERATOR_TESTS := tests/unit/test_operator_*.py tests/unit/test_api.py tests/unit/test_generated_files.py \
+	tests/unit/test_light_tests.py
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: help setup build up down demo test lint
+.PHONY: help setup build up down demo test test-operator lint
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -42,3 +44,6 @@ lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 
 test: build lint ## lint, then every test (cluster tests start the devcluster once)
 	$(BIN)/pytest
+
+test-operator: setup ## the operator's unit tests alone: no cluster, no torch, seconds
+	$(BIN)/pytest -m "not cluster" $(OPERATOR_TESTS)

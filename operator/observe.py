@@ -14,7 +14,8 @@ from typing import Any
 from tailor.operator import names
 from tailor.operator.kube import Kube
 
-KINDS = ("Job", "Deployment", "Service", "ConfigMap")
+BUILD_KINDS = ("Job", "ConfigMap")
+SERVING_KINDS = ("Deployment", "Service")  # none exist before the build has a child to size them for
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,15 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     if model is None or model["metadata"].get("deletionTimestamp"):
         return None
     selector = {names.MODEL: name}
-    objects = {kind: {o["metadata"]["name"]: o for o in kube.select(owner, kind, namespace, selector)}
-               for kind in KINDS}
     spec, status = model.get("spec") or {}, model.get("status") or {}
+    built = (status.get("build") or {}).get("childConfig") is not None or status.get("servingGeneration") is not None
+    objects = {kind: {o["metadata"]["name"]: o for o in kube.select(owner, kind, namespace, selector)}
+               for kind in BUILD_KINDS + (SERVING_KINDS if built else ())}
     claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
     pods: list[dict[str, Any]] = []
     if any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
         pods = kube.select(owner, "Pod", namespace, selector)
-    sizing = spec.get("deployment") and (status.get("build") or {}).get("childConfig")
+    sizing = spec.get("deployment") and built
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if sizing else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods))
