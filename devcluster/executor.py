@@ -3,23 +3,33 @@ and a stand-in volume provisioner. Not for production: it exists so the operator
 and its Triton pods run the real tritonserver on this machine.
 
 - **Node**: keeps the executor nodes Ready (status conditions and heartbeat, as a kubelet does).
-- **Pods** bound to an executor node run as local processes: each container's command and args, in this project's
-  environment (its Python's folder first on PATH, so `tailor`, `torchrun` and `python` are this checkout's), in a
-  folder of their own. The image is ignored. Paths under a volume's mountPath in the command, args, env and
-  ConfigMap files are rewritten to local folders: a PersistentVolumeClaim to its volume's hostPath, a ConfigMap to
-  its files written out, `/dev/termination-log` to a file whose text becomes the termination message.
+- **Pods** bound to an executor node run as local processes: each container's command and args, in a folder of
+  their own, with the spec's env and only what `pod_env` adds (this checkout's Python folder first on PATH, so
+  `tailor`, `torchrun` and `python` are this checkout's; a HOME and TMPDIR of the pod's own): nothing of the
+  executor's own environment (its KUBECONFIG, tokens, cloud credentials) reaches a pod. The image is ignored.
+  Paths under a volume's mountPath in the command, args, env and ConfigMap files are rewritten to local folders:
+  a PersistentVolumeClaim to its volume's hostPath, a ConfigMap to its files written out, `/dev/termination-log`
+  to a file whose text becomes the termination message.
   `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports get free
   local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
-  `devcluster.tailor.dev/ports: {"http": 31234, ...}`. Readiness comes from the container's httpGet probe. Phase,
-  readiness, restarts and exit codes go back through the pod's status.
+  `devcluster.tailor.dev/ports: {"http": 31234, ...}`. The servers the executor knows listen on 127.0.0.1 only
+  (`LOOPBACK_ARGS`). Readiness comes from the container's httpGet probe. Phase, readiness, restarts and exit
+  codes go back through the pod's status.
+- **Processes**: each container runs under a shim (`shim.py`), the leader of a process group of its own, which
+  stops the whole group (SIGTERM, SIGKILL after the pod's grace period), also when the executor dies, and
+  leaves the exit code in a file. A pod's ports, processes and exit codes are kept in `pod.json` in its folder,
+  so that a restarted executor resumes a pod instead of starting it again: a container still running is
+  adopted, one that has ended is reported as ended (and restarted only as its restartPolicy says), and the
+  processes of a pod that is gone are killed. Stopping the executor stops every pod.
 - **Volumes**: a claim that is Pending with no volume gets a hostPath PersistentVolume under the state folder,
   pre-bound to it, so the PV controller binds them. kwok's pods need bound claims to be scheduled too.
 - **API access**: the projected volume the ServiceAccount admission plugin adds (or one in the manifest) is
   written out as a kubelet would: a token from the TokenRequest API for the pod's ServiceAccount, bound to
-  the pod and renewed at 80% of its lifetime, `ca.crt` from the `kube-root-ca.crt` ConfigMap and the
-  namespace from the downward API. The process gets `KUBERNETES_SERVICE_HOST`/`PORT` (this API server) and,
-  since nothing can be mounted at the standard path, `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so
-  the operator's own pod runs with exactly its ServiceAccount's permissions.
+  the pod, renewed at 80% of its lifetime and readable by this user only (0600), `ca.crt` from the
+  `kube-root-ca.crt` ConfigMap and the namespace from the downward API. The process gets
+  `KUBERNETES_SERVICE_HOST`/`PORT` (this API server) and, since nothing can be mounted at the standard path,
+  `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so the operator's own pod runs with exactly its
+  ServiceAccount's permissions.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
   probes, multi-node torchrun (an Indexed Job's ranks would all run here).
 """
@@ -27,10 +37,12 @@ and its Triton pods run the real tritonserver on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +51,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +59,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tailor.devcluster import shim
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import EXECUTOR_LABEL
 
@@ -57,6 +71,43 @@ MESSAGE_BYTES = 4096
 HEARTBEAT_S = 10.0
 POLL_S = 1.0
 RESTART_DELAY_S = 5.0
+GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec has none
+STOP_ALL_S = 12.0  # stopping the executor stops every pod within this (`cluster.down` kills it after 20 s)
+KILL_WAIT_S = 5.0  # how long a SIGKILLed process tree may take to go
+RECORD = "pod.json"  # in a pod's folder: its ports and its containers' processes and exit codes
+
+# The environment of a pod's process besides its spec's env (which overrides it): what a container image and a
+# kubelet provide, never the executor's own environment.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image's usual PATH (sh, ...)
+POD_ENV = {
+    "LANG": "C.UTF-8",  # UTF-8 text, as images set it
+    "PYTHONUNBUFFERED": "1",  # Python's output reaches the pod's log as it is written
+}
+# PATH: this checkout's Python folder (`tailor`, `torchrun`, `python`), then SYSTEM_PATH.
+# HOME, TMPDIR: folders of the pod's own (HOME_DIR, TMP_DIR in its folder), so that caches and scratch files are
+#   neither the host user's nor shared between pods.
+# HOSTNAME: the pod's name, as a container's hostname.
+# KUBERNETES_SERVICE_HOST/PORT: this API server, as a kubelet sets them for every container.
+# TAILOR_SERVICE_ACCOUNT_DIR: the projected ServiceAccount volume's folder, with such a volume: nothing can be
+#   mounted at the standard path here.
+# LD_LIBRARY_PATH, for `tritonserver` only: this Python's libpython, for the Python backend's stub.
+# A model cache is not among them: the stage Jobs name theirs (TAILOR_CACHE_DIR on their artifacts claim).
+HOME_DIR, TMP_DIR = ".home", ".tmp"  # a container's name has no dot: no container folder is named so
+# From the host's environment only where this machine keeps the public certificates it trusts, as an image bakes
+# in its trust store: a stage downloads its text from the package index (through a TLS-inspecting proxy where
+# this machine has one). Never a credential: no KUBECONFIG, token, AWS_* or HF_* variable reaches a pod.
+HOST_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT")
+
+# The servers the executor starts, by the start of their argv, and the arguments that bind every listener of
+# theirs to loopback (given ones are replaced): tritonserver listens on all interfaces by default (HTTP, gRPC,
+# and metrics on the HTTP address), and `tailor operator` serves metrics and liveness on --bind 0.0.0.0.
+LOOPBACK = "127.0.0.1"
+LOOPBACK_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
+    # its SageMaker and Vertex AI endpoints have no address option: they stay off
+    ("tritonserver",): (f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}",
+                        f"--metrics-address={LOOPBACK}", "--allow-sagemaker=false", "--allow-vertex-ai=false"),
+    ("tailor", "operator"): (f"--bind={LOOPBACK}",),
+}
 
 
 def _now() -> str:
@@ -73,7 +124,9 @@ def _free_port() -> int:
 class Container:
     spec: dict[str, Any]
     folder: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | None = None  # the shim, when this executor started it
+    pid: int | None = None  # the shim's (started by this executor or adopted from a record)
+    pid_start: int | None = None  # when it started, to tell it from a later process given the same pid
     exit_code: int | None = None
     restarts: int = 0
     ready: bool = False
@@ -89,6 +142,27 @@ class Container:
     @property
     def log_file(self) -> Path:
         return self.folder / "output.log"
+
+    @property
+    def exit_file(self) -> Path:
+        return self.folder / "exit-code"
+
+    def running(self) -> bool:
+        """Whether its shim still runs (reaped when this executor started it)."""
+        if self.process is not None and self.process.poll() is not None:
+            return False
+        return self.pid is not None and shim.start_time(self.pid) == self.pid_start
+
+    def last_exit_code(self) -> int:
+        """How its last run ended: the code the shim wrote, else 128 + the signal that ended the shim, else 137
+        (an end nobody saw: Kubernetes reports a container whose status is lost so)."""
+        try:
+            return int(self.exit_file.read_text())
+        except (OSError, ValueError):
+            pass
+        if self.process is not None and self.process.returncode is not None:
+            return shim.exit_code(self.process.returncode)
+        return 128 + signal.SIGKILL
 
 
 @dataclass
@@ -109,11 +183,37 @@ class LocalPod:
     name: str
     folder: Path
     restart_policy: str
+    grace_s: float = GRACE_S
     containers: list[Container] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)  # port name (or number) -> local port
     paths: dict[str, str] = field(default_factory=dict)  # mountPath -> local folder
     tokens: list[Token] = field(default_factory=list)
     reported: str = ""  # the last status sent, to skip identical writes
+
+    @property
+    def record(self) -> Path:
+        return self.folder / RECORD
+
+    def save(self) -> None:
+        """Its ports and its containers' processes and exit codes, for an executor that restarts."""
+        _write_file(self.record, json.dumps({
+            "uid": self.uid, "ports": self.ports,
+            "containers": [{"name": c.spec["name"], "pid": c.pid, "pidStart": c.pid_start, "restarts": c.restarts,
+                            "startedAt": c.started_at, "finishedAt": c.finished_at, "exitCode": c.exit_code}
+                           for c in self.containers]}, indent=1))
+
+    def resume(self, record: dict[str, Any]) -> None:
+        """Take over the containers a previous executor recorded: one whose shim still runs is adopted, one that
+        ended while no executor watched gets the exit code its shim left."""
+        saved = {c["name"]: c for c in record["containers"]}
+        for container in self.containers:
+            entry = saved[container.spec["name"]]
+            container.pid, container.pid_start, container.restarts = entry["pid"], entry["pidStart"], entry["restarts"]
+            container.started_at, container.finished_at = entry["startedAt"], entry["finishedAt"]
+            container.exit_code = entry["exitCode"]
+            if container.exit_code is None and not container.running():
+                container.exit_code, container.finished_at = container.last_exit_code(), _now()
+                container.exited_monotonic = time.monotonic()
 
 
 class Executor:
@@ -124,6 +224,7 @@ class Executor:
                         "KUBERNETES_SERVICE_PORT": str(server.port or 443)}
         self.state = state
         self.pods: dict[str, LocalPod] = {}
+        self.recovered = _records(state / "pods")  # uid -> the folder of a pod a previous executor ran
         self.last_heartbeat = 0.0
 
     # --- node and volumes -------------------------------------------------------------------------
@@ -196,7 +297,7 @@ class Executor:
                     continue
                 if local is None:
                     if pod.status.phase in ("Succeeded", "Failed"):
-                        continue
+                        continue  # ended: never started again
                     try:
                         local = self.start(pod)
                     except (ValueError, OSError, ApiException, RuntimeError) as error:
@@ -206,6 +307,10 @@ class Executor:
                 self.report(local)
         for uid in set(self.pods) - seen:
             self.stop(uid)
+        if nodes:  # a whole pass over the nodes: a recorded pod not resumed is gone, or ended, and must not run
+            for uid in set(self.recovered) - set(self.pods):
+                _abandon(self.recovered[uid])
+            self.recovered.clear()
 
     def _force_delete(self, pod: Any) -> None:
         try:
@@ -225,10 +330,19 @@ class Executor:
             "containerStatuses": statuses}})
 
     def start(self, pod: Any) -> LocalPod:
+        """Run the pod's containers, or resume them from the record a previous executor left in its folder."""
         meta = pod.metadata
         folder = self.state / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
-        folder.mkdir(parents=True, exist_ok=True)
-        local = LocalPod(meta.uid, meta.namespace, meta.name, folder, pod.spec.restart_policy or "Always")
+        for private in (folder / HOME_DIR, folder / TMP_DIR):
+            private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        grace = pod.spec.termination_grace_period_seconds
+        local = LocalPod(meta.uid, meta.namespace, meta.name, folder, pod.spec.restart_policy or "Always",
+                         GRACE_S if grace is None else float(grace))
+        record = _read_record(local.record)
+        if record is not None and record.get("uid") != meta.uid:
+            record = None
+        if record is not None:
+            local.ports = {name: int(port) for name, port in record["ports"].items()}
         volumes = {v.name: self._volume(v, pod, local) for v in pod.spec.volumes or []}
         for spec in pod.spec.containers:
             container = Container(spec=client.ApiClient().sanitize_for_serialization(spec),  # type: ignore[no-untyped-call]
@@ -249,10 +363,22 @@ class Executor:
             named = {name: port for name, port in local.ports.items() if not name.isdigit()}
             self.core.patch_namespaced_pod(meta.name, meta.namespace,
                                            {"metadata": {"annotations": {PORTS_ANNOTATION: json.dumps(named)}}})
-        for container in local.containers:
-            self._launch(local, container)
+        if record is not None:
+            local.resume(record)
+            self.recovered.pop(meta.uid, None)
+            log(f"{meta.namespace}/{meta.name}: resumed {len(local.containers)} container(s) in {folder} "
+                f"({sum(c.exit_code is None for c in local.containers)} running)")
+        else:
+            try:
+                for container in local.containers:
+                    self._launch(local, container)
+            except BaseException:  # none of its processes may outlive a pod that failed to start
+                self._terminate([local], 0.0)
+                local.record.unlink(missing_ok=True)
+                raise
+            log(f"{meta.namespace}/{meta.name}: started {len(local.containers)} container(s) in {folder}")
         self.pods[meta.uid] = local
-        log(f"{meta.namespace}/{meta.name}: started {len(local.containers)} container(s) in {folder}")
+        local.save()
         return local
 
     def _volume(self, volume: Any, pod: Any, local: LocalPod) -> str:
@@ -303,9 +429,7 @@ class Executor:
                               "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": local.name,
                                                  "uid": local.uid}}}
         request: Any = self.core.create_namespaced_service_account_token(token.service_account, local.namespace, body)
-        staged = token.file.with_name(f".{token.file.name}.tmp")
-        staged.write_text(request.status.token)
-        staged.replace(token.file)
+        _write_file(token.file, request.status.token, mode=0o600)
         token.renew_at = time.monotonic() + TOKEN_RENEW_SHARE * token.expiration_s
 
     @staticmethod
@@ -319,30 +443,39 @@ class Executor:
         return _replace_ports(text, local.ports)
 
     def _launch(self, local: LocalPod, container: Container) -> None:
+        """Start the container's command under its shim, the leader of a new process group."""
         spec = container.spec
         argv = [self._rewrite(local, container, a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
         if not argv:
             raise ValueError(f"container {spec['name']}: the executor runs command/args; it cannot read the image's "
                              "entrypoint")
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               "HOSTNAME": local.name, "PYTHONUNBUFFERED": "1"}
-        env.update(self.api_env)
+        argv = loopback_args(argv)
+        api = dict(self.api_env)
         if SERVICE_ACCOUNT_MOUNT in local.paths:  # nothing can be mounted at the standard path here
-            env["TAILOR_SERVICE_ACCOUNT_DIR"] = local.paths[SERVICE_ACCOUNT_MOUNT]
-        env.update({e["name"]: self._rewrite(local, container, e.get("value", "")) for e in spec.get("env") or []
-                    if "valueFrom" not in e})
+            api["TAILOR_SERVICE_ACCOUNT_DIR"] = local.paths[SERVICE_ACCOUNT_MOUNT]
+        given = {e["name"]: self._rewrite(local, container, e.get("value", "")) for e in spec.get("env") or []
+                 if "valueFrom" not in e}
         work = container.folder / f"run-{container.restarts}"
         work.mkdir(parents=True, exist_ok=True)
+        runtime: dict[str, str] = {}
         if Path(argv[0]).name == "tritonserver":
             from tailor.compressor.serving.server import local_command
 
             argv, triton_env = local_command(argv[1:], work)
-            env.update({k: triton_env[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in triton_env})
+            runtime = {k: triton_env[k] for k in ("LD_LIBRARY_PATH",) if k in triton_env}
+        env = pod_env(given, os.environ, Path(sys.executable).parent, local.folder, local.name, api, runtime)
+        if shutil.which(argv[0], path=env["PATH"]) is None:
+            raise FileNotFoundError(f"container {spec['name']}: {argv[0]}: no such command on PATH {env['PATH']}")
         container.message_file.unlink(missing_ok=True)
+        container.exit_file.unlink(missing_ok=True)
+        command = [sys.executable, "-I", "-m", "tailor.devcluster.shim", str(os.getpid()), str(local.grace_s),
+                   str(container.exit_file), *argv]
         with container.log_file.open("ab") as sink:
-            container.process = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=sink,
+            container.process = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=sink,
                                                  stderr=subprocess.STDOUT, start_new_session=True)
+        container.pid, container.pid_start = container.process.pid, shim.start_time(container.process.pid)
         container.started_at, container.exit_code, container.ready = _now(), None, False
+        local.save()
 
     def check(self, local: LocalPod, pod: Any) -> None:
         """Token renewals, exits, restarts (restartPolicy Always or OnFailure) and readiness probes."""
@@ -350,11 +483,11 @@ class Executor:
             if time.monotonic() > token.renew_at:
                 self._renew(local, token)
         for container in local.containers:
-            process = container.process
-            if process is not None and container.exit_code is None and process.poll() is not None:
-                container.exit_code, container.finished_at = process.returncode, _now()
+            if container.exit_code is None and not container.running():
+                container.exit_code, container.finished_at = container.last_exit_code(), _now()
                 container.exited_monotonic, container.ready = time.monotonic(), False
-                log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {process.returncode}")
+                local.save()
+                log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}")
             if container.exit_code is not None and self._restarts(local, container) and \
                     time.monotonic() - container.exited_monotonic > RESTART_DELAY_S:
                 container.restarts += 1
@@ -433,23 +566,118 @@ class Executor:
         return None
 
     def stop(self, uid: str) -> None:
+        """Stop a pod that is gone or going: its processes within its grace period; its record goes too."""
         local = self.pods.pop(uid, None)
         if local is None:
+            if uid in self.recovered:
+                _abandon(self.recovered.pop(uid))
             return
-        for container in local.containers:
-            process = container.process
-            if process is not None and process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+        self._terminate([local], local.grace_s)
+        local.record.unlink(missing_ok=True)
         log(f"{local.namespace}/{local.name}: stopped")
 
     def stop_all(self) -> None:
-        for uid in list(self.pods):
-            self.stop(uid)
+        """Stop every pod, all at once, within STOP_ALL_S; their records stay, with how each container ended."""
+        pods = list(self.pods.values())
+        self.pods.clear()
+        self._terminate(pods, STOP_ALL_S)  # each shim kills its tree after its own pod's grace period
+        for local in pods:
+            local.save()
+        if pods:
+            log(f"executor: stopped {len(pods)} pod(s)")
+
+    @staticmethod
+    def _terminate(pods: list[LocalPod], grace_s: float) -> None:
+        """SIGTERM to each running container's shim, which passes it to its process group; SIGKILL to the process
+        trees still running after `grace_s`. Each container's exit code is kept."""
+        running = [c for local in pods for c in local.containers if c.exit_code is None and c.running()]
+        for container in running:
+            assert container.pid is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(container.pid, signal.SIGTERM)
+        _wait_until_ended(running, grace_s)
+        for container in running:
+            if container.running():
+                assert container.pid is not None
+                shim.kill_tree(container.pid)
+        _wait_until_ended(running, KILL_WAIT_S)
+        for container in running:
+            container.exit_code, container.finished_at, container.ready = container.last_exit_code(), _now(), False
+
+
+def pod_env(given: Mapping[str, str], host: Mapping[str, str], bin_dir: Path, pod_folder: Path, hostname: str,
+            api: Mapping[str, str], runtime: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A pod process's environment: POD_ENV, PATH (`bin_dir` first), HOME and TMPDIR in `pod_folder`, HOSTNAME,
+    the trust-store paths of HOST_ENV from `host` (and nothing else of it), what the `runtime` needs, the API
+    server's (`api`), then the spec's env (`given`) over all of these."""
+    env = {**POD_ENV, "PATH": f"{bin_dir}{os.pathsep}{SYSTEM_PATH}", "HOME": str(pod_folder / HOME_DIR),
+           "TMPDIR": str(pod_folder / TMP_DIR), "HOSTNAME": hostname}
+    env.update({name: host[name] for name in HOST_ENV if name in host})
+    return {**env, **(runtime or {}), **api, **given}
+
+
+def loopback_args(argv: list[str]) -> list[str]:
+    """`argv` with the LOOPBACK_ARGS of the server it starts in place of any given ones (`--flag=value` or
+    `--flag value`)."""
+    for start, forced in LOOPBACK_ARGS.items():
+        if Path(argv[0]).name != start[0] or tuple(argv[1:len(start)]) != start[1:]:
+            continue
+        flags = {arg.split("=", 1)[0] for arg in forced}
+        kept: list[str] = []
+        skip = False
+        for arg in argv:
+            if skip:
+                skip = False
+            elif arg in flags:
+                skip = True  # its value is the next argument
+            elif arg.split("=", 1)[0] not in flags:
+                kept.append(arg)
+        return [*kept, *forced]
+    return argv
+
+
+def _write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace `path` at once with `text`, created with `mode` (never wider while being written)."""
+    staged = path.with_name(f".{path.name}.tmp")
+    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(descriptor, "w") as handle:
+        os.fchmod(descriptor, mode)  # a file left by an earlier write keeps its mode through O_CREAT
+        handle.write(text)
+    staged.replace(path)
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record
+
+
+def _records(pods: Path) -> dict[str, Path]:
+    """uid -> folder of each pod a record was left for."""
+    found = {}
+    for path in pods.glob(f"*/{RECORD}"):
+        record = _read_record(path)
+        if record is not None and isinstance(record.get("uid"), str):
+            found[record["uid"]] = path.parent
+    return found
+
+
+def _abandon(folder: Path) -> None:
+    """Kill what still runs of a recorded pod that is not to run (gone, or ended), and forget its record."""
+    record = _read_record(folder / RECORD) or {}
+    for entry in record.get("containers", []):
+        if entry.get("pid") is not None and shim.start_time(entry["pid"]) == entry.get("pidStart"):
+            shim.kill_tree(entry["pid"])
+            log(f"executor: killed {entry['name']} of {folder.name}, a pod that is not to run")
+    (folder / RECORD).unlink(missing_ok=True)
+
+
+def _wait_until_ended(containers: list[Container], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(c.running() for c in containers) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _field(pod: Any, path: str) -> str:

@@ -1,0 +1,99 @@
+"""The development executor as the devcluster runs it (`local-0`): a pod gets none of the executor's environment
+and a private token, and stopping, killing or restarting the executor neither leaves a pod's process running nor
+runs one twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tailor.devcluster import cluster
+from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
+
+from conftest import wait_for
+
+REPORT = ("import json, os; folder = os.environ.get('TAILOR_SERVICE_ACCOUNT_DIR', '')\n"
+          "mode = oct(os.stat(f'{folder}/token').st_mode & 0o777) if folder else None\n"
+          "open('/dev/termination-log', 'w').write(json.dumps({'env': sorted(os.environ), 'tokenMode': mode}))")
+
+
+def _pod(name: str, command: list[str], restart_policy: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {
+        "nodeSelector": {EXECUTOR_LABEL: "true"},
+        "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+        "restartPolicy": restart_policy, "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "main", "image": "busybox", "command": command}]}}
+
+
+def _sleeping(marker: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().split(b"\0")[:2] == [b"sleep", marker.encode()]:
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _status(core: client.CoreV1Api, namespace: str, name: str) -> Any:
+    return core.read_namespaced_pod_status(name, namespace).status
+
+
+def _restarted(core: client.CoreV1Api, namespace: str, name: str, restarts: int) -> bool:
+    """Whether the pod's container runs again after `restarts` restarts."""
+    (status,) = _status(core, namespace, name).container_statuses or [None]
+    return status is not None and status.restart_count == restarts and status.state.running is not None
+
+
+def _stop_executor(layout: cluster.Layout, number: signal.Signals) -> None:
+    pid = cluster.running_pid(layout, "executor")
+    assert pid is not None
+    os.kill(pid, number)
+    wait_for("the executor to exit", lambda: cluster.running_pid(layout, "executor") is None, 30)
+
+
+@pytest.mark.timeout(240)
+def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
+        api: client.ApiClient, devcluster: cluster.Layout, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    core = client.CoreV1Api(api)
+    wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(
+        namespace, field_selector="metadata.name=default").items)
+    # an executor that runs with the admin's KUBECONFIG and a credential in its environment
+    monkeypatch.setenv("KUBECONFIG", str(devcluster.kubeconfig))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-pods")
+    _stop_executor(devcluster, signal.SIGTERM)
+    cluster.up()
+
+    core.create_namespaced_pod(namespace, _pod("report", ["python", "-c", REPORT], "Never"))
+    wait_for("the report pod to succeed", lambda: _status(core, namespace, "report").phase == "Succeeded", 60)
+    report = json.loads(_status(core, namespace, "report").container_statuses[0].state.terminated.message)
+    assert "KUBECONFIG" not in report["env"] and "AWS_SECRET_ACCESS_KEY" not in report["env"]
+    assert {"KUBERNETES_SERVICE_HOST", "TAILOR_SERVICE_ACCOUNT_DIR", "HOME", "PATH"} <= set(report["env"])
+    assert report["tokenMode"] == "0o600"
+
+    marker = f"600.{uuid.uuid4().int % 10**9:09d}"
+    core.create_namespaced_pod(namespace, _pod("server", ["sleep", marker], "Always"))
+    wait_for("the server pod to run", lambda: _status(core, namespace, "server").phase == "Running", 60)
+    assert len(_sleeping(marker)) == 1
+
+    _stop_executor(devcluster, signal.SIGTERM)  # `tailor devcluster down` stops it so
+    assert _sleeping(marker) == [], "a pod's process outlived the executor"
+    cluster.up()
+    wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 1), 60)
+    assert len(_sleeping(marker)) == 1
+    assert _status(core, namespace, "report").phase == "Succeeded"
+
+    monkeypatch.undo()  # the executor the other tests get runs in the test session's environment
+    _stop_executor(devcluster, signal.SIGKILL)  # no stop_all: its pods' shims stop them
+    wait_for("the pod's process to end with the executor", lambda: not _sleeping(marker), 10)
+    cluster.up()
+    wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 2), 60)
+    assert len(_sleeping(marker)) == 1
