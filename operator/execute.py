@@ -61,7 +61,17 @@ def reconcile(kube: Kube, namespace: str, name: str, settings: OperatorSettings)
     before = _dump(read_status(world.model.get("status")))
     after = _dump(decision.status)
     if after != before:
-        kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, after))
+        try:
+            kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, after))
+        except ApiException as error:
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+            # the status itself was refused: say so in a status the server takes (it validated the old one)
+            refused = Pass(world, settings, read_status(world.model.get("status"))).fail(
+                Reason.API_REJECTED, f"the API server refused the status of CompressedModel {name}: "
+                                     f"{error.status} {server_message(error)[:1024]}")
+            kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, _dump(refused.status)))
+            decision = refused
     for event in decision.events:
         kube.event(f"{namespace}/{name}", world.model, event.type, event.reason, event.message)
     return decision

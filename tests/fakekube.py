@@ -109,6 +109,9 @@ class FakeKube(Kube):
 
     def patch_status(self, owner: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.requests[owner] += 1
+        if "conditions" in status and any(c.get("reason") == "ApiRejected" for c in status["conditions"] or []):
+            self.refusals.pop(("status", "CompressedModel"), None)  # the refusal's own report goes through
+        self._refuse("status", "CompressedModel")
         self.writes.append(("status", "CompressedModel", name))
         target = self.store[("CompressedModel", namespace, name)]
         target.setdefault("status", {})

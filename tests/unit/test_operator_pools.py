@@ -96,6 +96,10 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     container = pod["containers"][0]
     assert deployment["spec"]["replicas"] == plan.replicas
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["requests"] == {"cpu": "1000m", "memory": "4Gi", "nvidia.com/gpu": "2"}
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]  # TP 2
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert deployment["spec"]["progressDeadlineSeconds"] == container["startupProbe"]["failureThreshold"] * 10 + 300
     assert pod["nodeSelector"] == H100 and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(

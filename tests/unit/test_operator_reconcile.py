@@ -522,3 +522,11 @@ def test_an_object_waiting_for_its_claim_is_pending_and_starts_no_job(kube: Fake
     kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
         "name": "shared", "namespace": "ns", "labels": {"tailor.dev/allowed": "true"}}})
     assert step(kube).phase == "Compressing" and kube.names("Job") == ["m-g1-compress"]
+
+
+def test_a_status_the_api_server_refuses_is_reported_in_one_it_takes(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    kube.refusals[("status", "CompressedModel")] = (422, "status.stages[0].message: Too long")
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "ApiRejected" and "status.stages[0].message: Too long" in condition["message"]
