@@ -55,7 +55,6 @@ from tailor.operator.settings import ALLOWED_LABEL, OperatorSettings
 WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
 SETTLED_REQUEUE_S = 300.0
 MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
-STAGE_NAMES: dict[Stage, StageName] = {"compress": "Compress", "quantize": "Quantize", "evaluate": "Evaluate"}
 
 
 @dataclass(frozen=True)
@@ -232,8 +231,8 @@ def decide(world: Observed, settings: OperatorSettings) -> Decision:
         delete_superseded_jobs(p)
         for stage in plan.stages:
             if not advance(p, spec, plan, stage):  # Pending: no Job yet (waiting for the claim)
-                waiting = p.stage(STAGE_NAMES[stage]).state == "Pending"
-                return p.outcome("Pending" if waiting else STAGE_PHASES[STAGE_NAMES[stage]])
+                waiting = p.stage(names.STAGE_NAMES[stage]).state == "Pending"
+                return p.outcome("Pending" if waiting else STAGE_PHASES[names.STAGE_NAMES[stage]])
         if spec.deployment is None:
             rollout.remove_serving(p, keep=set())
             p.condition(READY, True, Reason.BUILT, "the model is built; the spec asks for no deployment")
@@ -408,7 +407,7 @@ def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
 
 def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -> bool:
     """Advance one build stage; True once it has succeeded."""
-    progress = p.stage(STAGE_NAMES[stage])
+    progress = p.stage(names.STAGE_NAMES[stage])
     if progress.state == "Succeeded":
         return True
     if progress.state == "Failed":

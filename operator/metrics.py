@@ -3,14 +3,18 @@ API requests made on each object's behalf. Served by `tailor operator --metrics-
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from tailor.operator.api import Phase
 
 RECONCILES = Counter("tailor_reconciles", "Reconciliation passes, by result (ok or error).", ["result"])
 DURATION = Histogram("tailor_reconcile_duration_seconds", "Duration of one reconciliation pass.",
                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 PHASES = Gauge("tailor_compressedmodels", "CompressedModels this operator reconciles, by phase.", ["phase"])
 API_REQUESTS = Counter("tailor_api_requests", "Kubernetes API requests made by reconciliation passes.")
-PHASE_NAMES = ("Pending", "Compressing", "Quantizing", "Evaluating", "Deploying", "Ready", "Failed")
+PHASE_NAMES: tuple[str, ...] = get_args(Phase)
 
 _phase_of: dict[str, str] = {}
 

@@ -23,7 +23,8 @@ POOL = f"{GROUP}/pool"
 REVISION = f"{GROUP}/revision"
 MANAGED = {MANAGED_BY: "tailor"}
 
-STAGE_COMMANDS: dict[StageName, Stage] = {"Compress": "compress", "Quantize": "quantize", "Evaluate": "evaluate"}
+# The build stages as the status names them (StageName) and as the Jobs run them (Stage).
+STAGE_NAMES: dict[Stage, StageName] = {"compress": "Compress", "quantize": "Quantize", "evaluate": "Evaluate"}
 MAX_GENERATION_DIGITS = 6  # names carry g<generation>; the CRD's NAME_BUDGET leaves room for six digits
 assert 63 - len("-g") - MAX_GENERATION_DIGITS - len("-package-") == NAME_BUDGET
 
