@@ -167,8 +167,8 @@ class Demo:
                 status = body.get("status") or {}
                 stage: dict[str, Any] = next((s for s in reversed(status.get("stages") or [])
                                               if s.get("state") == "Running"), {})
-                line = f"{status.get('phase', 'Pending')}" + (f" ({stage['jobName']}: {stage.get('message', '')})"
-                                                             if stage else "")
+                what = stage.get("jobName") or stage.get("name")  # Deploy runs several Jobs and revisions
+                line = f"{status.get('phase', 'Pending')}" + (f" ({what}: {stage.get('message', '')})" if stage else "")
                 if said.get(name) != line:
                     log(f"{name}: {line}")
                     said[name] = line
@@ -176,8 +176,8 @@ class Demo:
                     failed: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Failed"),
                                                   {})
                     reason, message = failed.get("reason", ""), failed.get("message", "")
-                    text = message if message.startswith(reason) else f"{reason}: {message}"
-                    raise RuntimeError(f"{name} failed: {text}\n(kubectl describe cmodel -n {NAMESPACE} {name})")
+                    raise RuntimeError(f"{name} failed: {reason}: {message}\n(kubectl describe cmodel -n {NAMESPACE} "
+                                       f"{name})")
             self.stream_logs(offsets)
             if all((b.get("status") or {}).get("phase") == "Ready" for b in bodies.values()):
                 return bodies
