@@ -1,7 +1,7 @@
 """The reconciler's decisions: from what a pass observed to the actions to take and the status to write.
 
 Pure: no I/O, no clock (the time comes with `Observed`), so every transition is unit-tested in milliseconds
-(tests/unit/operator). `execute` applies the actions and writes the status.
+(tests/unit/test_operator_reconcile.py). `execute` applies the actions and writes the status.
 
 Per generation: Compress -> Quantize -> Evaluate (the quality gate) -> Deploy. The first three build the
 artifacts and are skipped when a later generation changes only the deployment (same fingerprint). Deploy
@@ -13,8 +13,6 @@ generation and leaves the serving revision alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -23,18 +21,8 @@ from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
 from tailor.compressor.memory import RECIPES
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, unpack_config
-from tailor.operator import names
-from tailor.operator.api import (
-    STAGE_PHASES,
-    ArchitectureSummary,
-    BuildStatus,
-    CompressedModelSpec,
-    CompressedModelStatus,
-    Phase,
-    QualityReport,
-    StageName,
-    StageProgress,
-)
+from tailor.operator import names, rollout
+from tailor.operator.api import STAGE_PHASES, ArchitectureSummary, BuildStatus, CompressedModelSpec, QualityReport
 from tailor.operator.conditions import (
     BUILD_CONDITIONS,
     COMPRESSED,
@@ -43,173 +31,15 @@ from tailor.operator.conditions import (
     QUANTIZED,
     READY,
     Reason,
-    set_condition,
     without,
 )
-from tailor.operator.deployment import owner_reference
-from tailor.operator.jobs import JobSettings, stage_job
-from tailor.operator.observe import Observed, job_finished
-from tailor.operator.resolve import InvalidPlan, fingerprint, parent_location, resolve
-from tailor.operator.settings import ALLOWED_LABEL, OperatorSettings
+from tailor.operator.decision import Decision, Pass, Refused, read_status
+from tailor.operator.observe import Observed
+from tailor.operator.resolve import InvalidPlan, fingerprint, resolve
+from tailor.operator.settings import OperatorSettings
+from tailor.operator.workloads import claim_ready, job_outcome, start_job
 
-WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
-SETTLED_REQUEUE_S = 300.0
 MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
-
-
-@dataclass(frozen=True)
-class Create:
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Delete:
-    kind: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Patch:
-    kind: str
-    name: str
-    patch: dict[str, Any]
-
-
-Action = Create | Delete | Patch
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass
-class Decision:
-    status: CompressedModelStatus
-    actions: list[Action]
-    events: list[Event]
-    phase: Phase
-    requeue_s: float
-
-
-class Refused(Exception):
-    """The generation cannot go on: a reason (a condition reason) and a message naming what and why."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason, self.message = reason, message
-
-
-def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:
-    """The status as this operator knows it: fields it does not know (written by a newer operator) and
-    fields that do not validate are left out, never fatal."""
-    known: dict[str, Any] = {}
-    for key, value in (raw or {}).items():
-        try:
-            CompressedModelStatus.model_validate({key: value})
-        except ValidationError:
-            continue
-        known[key] = value
-    return CompressedModelStatus.model_validate(known)
-
-
-def owned_by(obj: dict[str, Any], uid: str) -> bool:
-    meta = obj["metadata"]
-    return (any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
-            or (meta.get("labels") or {}).get(names.MODEL_UID) == uid)
-
-
-@dataclass
-class Pass:
-    """One decision in the making: the observed world, the status being written and the actions so far."""
-
-    world: Observed
-    settings: OperatorSettings
-    status: CompressedModelStatus
-    actions: list[Action] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return self.world.model
-
-    @property
-    def name(self) -> str:
-        return str(self.model["metadata"]["name"])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.model["metadata"]["namespace"])
-
-    @property
-    def generation(self) -> int:
-        return int(self.model["metadata"]["generation"])
-
-    @property
-    def uid(self) -> str:
-        return str(self.model["metadata"]["uid"])
-
-    @property
-    def build(self) -> BuildStatus:
-        assert self.status.build is not None
-        return self.status.build
-
-    # --- status ----------------------------------------------------------------------------------
-
-    def condition(self, kind: str, state: bool | None, reason: str, message: str = "") -> None:
-        self.status.conditions = set_condition(self.status.conditions, kind, state, reason, message,
-                                               self.generation, self.world.now)
-
-    def stage(self, name: StageName) -> StageProgress:
-        found = next((s for s in self.status.stages if s.name == name), None)
-        if found is None:
-            found = StageProgress(name=name)
-            self.status.stages.append(found)
-        return found
-
-    def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append(Event("Warning" if warning else "Normal", reason, message))
-
-    def outcome(self, phase: Phase) -> Decision:
-        self.status.phase = phase
-        self.status.observed_generation = self.generation
-        settled = phase in ("Ready", "Failed")
-        return Decision(self.status, self.actions, self.events, phase,
-                        SETTLED_REQUEUE_S if settled else WAITING_REQUEUE_S)
-
-    def fail(self, reason: str, message: str) -> Decision:
-        if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):
-            self.event(reason, message, warning=True)
-        self.condition(FAILED, True, reason, message)
-        serving = self.status.serving_generation
-        self.condition(READY, serving is not None, reason, f"generation {self.generation} failed: {message}" + (
-            f"; generation {serving} keeps serving" if serving is not None else ""))
-        return self.outcome("Failed")
-
-    # --- objects ---------------------------------------------------------------------------------
-
-    def owned(self, kind: str, name: str) -> dict[str, Any] | None:
-        """The object of that name if this CompressedModel owns it; refused if someone else does."""
-        found = self.world.of(kind).get(name)
-        if found is not None and not owned_by(found, self.uid):
-            raise Refused(Reason.OWNED_ELSEWHERE, f"{kind} {name} exists and is not this CompressedModel's "
-                                                  f"(uid {self.uid}); delete or rename it")
-        return found
-
-    def mine(self, kind: str) -> list[dict[str, Any]]:
-        return [o for o in self.world.of(kind).values() if owned_by(o, self.uid)]
-
-    def create(self, manifest: dict[str, Any]) -> None:
-        self.actions.append(Create(manifest))
-
-    def delete(self, kind: str, name: str) -> None:
-        self.actions.append(Delete(kind, name))
-
-    def meta(self, name: str) -> dict[str, Any]:
-        return {"name": name, "namespace": self.namespace, "labels": names.model_labels(self.model),
-                "ownerReferences": [owner_reference(self.model)]}
 
 
 # --- the pass ------------------------------------------------------------------------------------------
@@ -217,8 +47,6 @@ class Pass:
 
 def decide(world: Observed, settings: OperatorSettings) -> Decision:
     """The next actions and the status for the object `world` observed."""
-    from tailor.operator import rollout  # deploy builds on this module's Pass
-
     p = Pass(world, settings, read_status(world.model.get("status")))
     try:
         spec = CompressedModelSpec.model_validate(world.model["spec"])
@@ -311,98 +139,6 @@ def delete_superseded_jobs(p: Pass) -> None:
 
 
 # --- storage -------------------------------------------------------------------------------------------
-
-
-def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
-    """Make sure the artifacts claim is there to write to (creating Tailor's own); None when it is, else
-    what the object waits for. An existingClaim must be labelled for Tailor; a claim of Tailor's name
-    that another object (or an earlier object of the same name) created is never adopted."""
-    claim = p.world.claim
-    if spec.storage.existing_claim is not None:
-        name = spec.storage.existing_claim
-        if claim is None:
-            return f"waiting for PersistentVolumeClaim {name} (spec.storage.existingClaim) to exist"
-        if (claim["metadata"].get("labels") or {}).get(ALLOWED_LABEL) != "true":
-            raise Refused(Reason.CLAIM_NOT_ALLOWED, f"spec.storage.existingClaim {name} is not labelled "
-                                                    f"{ALLOWED_LABEL}=true; label it to let Tailor write there")
-        return None
-    name = names.claim_name(p.name)
-    if claim is None:
-        manifest: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": p.namespace,
-                         "labels": {**names.model_labels(p.model), names.MODEL_UID: p.uid}},
-            "spec": {"accessModes": ["ReadWriteMany"],
-                     "resources": {"requests": {"storage": spec.storage.size or p.settings.claim_size}}}}
-        if spec.storage.storage_class_name is not None:
-            manifest["spec"]["storageClassName"] = spec.storage.storage_class_name
-        p.create(manifest)
-        p.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
-        return None
-    if claim["metadata"].get("deletionTimestamp"):
-        return f"waiting for PersistentVolumeClaim {name}, being deleted, to go before creating it anew"
-    if not owned_by(claim, p.uid):
-        raise Refused(Reason.OWNED_ELSEWHERE, f"PersistentVolumeClaim {name} exists and was not created for this "
-                                              f"CompressedModel (uid {p.uid}); delete it, or label it "
-                                              f"{ALLOWED_LABEL}=true and name it in spec.storage.existingClaim")
-    return None
-
-
-def claim_of(p: Pass, spec: CompressedModelSpec) -> str:
-    return spec.storage.existing_claim or names.claim_name(p.name)
-
-
-def service_account(p: Pass, name: str) -> None:
-    """A ServiceAccount for the stage or Triton pods of this namespace: no API token is mounted and no role
-    is bound to it; it carries the image pull secrets. Shared by the namespace's models, so not owned; a
-    create that finds it there is fine."""
-    p.create({"apiVersion": "v1", "kind": "ServiceAccount",
-              "metadata": {"name": name, "namespace": p.namespace, "labels": dict(names.MANAGED)},
-              "automountServiceAccountToken": False,
-              "imagePullSecrets": [{"name": secret} for secret in p.settings.image_pull_secrets]})
-
-
-def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
-    """The plan a Job reads, unless it is already there; immutable, as the Jobs that read it."""
-    if p.owned("ConfigMap", name) is None:
-        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
-                  "data": {PLAN_FILE: plan.dump()}})
-
-
-def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
-              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False) -> None:
-    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs)."""
-    jobs = spec.jobs
-    gpus = 0 if stage == "package" or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
-    settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
-                           gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
-                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds)
-    service_account(p, p.settings.job_service_account)
-    plan_config_map(p, config_map, plan)
-    env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
-    if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
-    for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
-                              jobs.pod_annotations, parent_location(spec)[1], pool, env, reader):
-        p.create(manifest)
-    name = names.job_name(p.name, generation, stage, pool)
-    p.event("JobCreated", f"created Job {names.reader_name(name)}: tailor result --stage {stage}" if reader
-            else f"created Job {name}: tailor {stage}")
-
-
-def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
-    """The Job's result message once it succeeded; None while it runs; refused when it failed."""
-    name = job["metadata"]["name"]
-    state = job_finished(job)
-    if state == "Failed":
-        failure = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
-        detail = p.world.results.get(name)
-        reason = str(failure.get("reason") or Reason.JOB_FAILED)
-        raise Refused(reason, f"Job {name} failed: {failure.get('message', '')}" + (f"; {detail}" if detail else ""))
-    if state is None:
-        return None
-    return p.world.results.get(name, "")
 
 
 def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tailor.operator.conditions import Reason
-from tailor.operator.decide import Create, Decision, Delete, Pass, Patch, decide, read_status
+from tailor.operator.decide import decide
+from tailor.operator.decision import Create, Decision, Delete, Pass, Patch, read_status
 from tailor.operator.kube import Kube
 from tailor.operator.observe import Observed, observe
 from tailor.operator.settings import OperatorSettings

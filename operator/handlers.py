@@ -19,7 +19,7 @@ from kubernetes import client
 
 from tailor.operator import login, metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
-from tailor.operator.decide import owned_by
+from tailor.operator.decision import owned_by
 from tailor.operator.execute import reconcile
 from tailor.operator.kube import Kube
 from tailor.operator.rollout import REVISION_KINDS

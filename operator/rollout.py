@@ -19,19 +19,10 @@ from tailor.compressor.results import unpack_config
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
-from tailor.operator.decide import (
-    Decision,
-    Pass,
-    Patch,
-    Refused,
-    claim_of,
-    claim_ready,
-    job_outcome,
-    service_account,
-    start_job,
-)
+from tailor.operator.decision import Decision, Pass, Patch, Refused
 from tailor.operator.deployment import PORTS, SERVING_SERVICE_ACCOUNT, TRITON, manifests, service
 from tailor.operator.pools import Built, PoolPlan, plan_pool
+from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
 REVISION_KINDS = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment")
 

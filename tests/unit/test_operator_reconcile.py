@@ -17,7 +17,7 @@ from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.results import GateResult, QuantizeResult, pack_config
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
-from tailor.operator.decide import Decision
+from tailor.operator.decision import Decision
 from tailor.operator.execute import reconcile
 from tailor.operator.observe import job_finished
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings

@@ -1,0 +1,175 @@
+"""What a reconciliation pass decides, as data: the actions (Create, Delete, Patch), the Events and the new
+status (`Decision`); and `Pass`, the decision in the making that `decide` and `rollout` work on. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from tailor.operator import names
+from tailor.operator.api import BuildStatus, CompressedModelStatus, Phase, StageName, StageProgress
+from tailor.operator.conditions import FAILED, READY, Reason, set_condition
+from tailor.operator.deployment import owner_reference
+from tailor.operator.observe import Observed
+from tailor.operator.settings import OperatorSettings
+
+WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
+SETTLED_REQUEUE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Create:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    kind: str
+    name: str
+    patch: dict[str, Any]
+
+
+Action = Create | Delete | Patch
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: CompressedModelStatus
+    actions: list[Action]
+    events: list[Event]
+    phase: Phase
+    requeue_s: float
+
+
+class Refused(Exception):
+    """The generation cannot go on: a reason (a condition reason) and a message naming what and why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:
+    """The status as this operator knows it: fields it does not know (written by a newer operator) and
+    fields that do not validate are left out, never fatal."""
+    known: dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        try:
+            CompressedModelStatus.model_validate({key: value})
+        except ValidationError:
+            continue
+        known[key] = value
+    return CompressedModelStatus.model_validate(known)
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    meta = obj["metadata"]
+    return (any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
+            or (meta.get("labels") or {}).get(names.MODEL_UID) == uid)
+
+
+@dataclass
+class Pass:
+    """One decision in the making: the observed world, the status being written and the actions so far."""
+
+    world: Observed
+    settings: OperatorSettings
+    status: CompressedModelStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.world.model
+
+    @property
+    def name(self) -> str:
+        return str(self.model["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.model["metadata"]["namespace"])
+
+    @property
+    def generation(self) -> int:
+        return int(self.model["metadata"]["generation"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.model["metadata"]["uid"])
+
+    @property
+    def build(self) -> BuildStatus:
+        assert self.status.build is not None
+        return self.status.build
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def condition(self, kind: str, state: bool | None, reason: str, message: str = "") -> None:
+        self.status.conditions = set_condition(self.status.conditions, kind, state, reason, message,
+                                               self.generation, self.world.now)
+
+    def stage(self, name: StageName) -> StageProgress:
+        found = next((s for s in self.status.stages if s.name == name), None)
+        if found is None:
+            found = StageProgress(name=name)
+            self.status.stages.append(found)
+        return found
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def outcome(self, phase: Phase) -> Decision:
+        self.status.phase = phase
+        self.status.observed_generation = self.generation
+        settled = phase in ("Ready", "Failed")
+        return Decision(self.status, self.actions, self.events, phase,
+                        SETTLED_REQUEUE_S if settled else WAITING_REQUEUE_S)
+
+    def fail(self, reason: str, message: str) -> Decision:
+        if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):
+            self.event(reason, message, warning=True)
+        self.condition(FAILED, True, reason, message)
+        serving = self.status.serving_generation
+        self.condition(READY, serving is not None, reason, f"generation {self.generation} failed: {message}" + (
+            f"; generation {serving} keeps serving" if serving is not None else ""))
+        return self.outcome("Failed")
+
+    # --- objects ---------------------------------------------------------------------------------
+
+    def owned(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The object of that name if this CompressedModel owns it; refused if someone else does."""
+        found = self.world.of(kind).get(name)
+        if found is not None and not owned_by(found, self.uid):
+            raise Refused(Reason.OWNED_ELSEWHERE, f"{kind} {name} exists and is not this CompressedModel's "
+                                                  f"(uid {self.uid}); delete or rename it")
+        return found
+
+    def mine(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.world.of(kind).values() if owned_by(o, self.uid)]
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.actions.append(Create(manifest))
+
+    def delete(self, kind: str, name: str) -> None:
+        self.actions.append(Delete(kind, name))
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": names.model_labels(self.model),
+                "ownerReferences": [owner_reference(self.model)]}

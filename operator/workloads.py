@@ -1,0 +1,109 @@
+"""The workloads a pass creates for a stage: the artifacts claim (or the check of an existingClaim), the
+namespace's ServiceAccount, the plan ConfigMap and the stage's Job; and what a Job's state means for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
+from tailor.operator import names
+from tailor.operator.api import CompressedModelSpec
+from tailor.operator.conditions import Reason
+from tailor.operator.decision import Pass, Refused, owned_by
+from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.observe import job_finished
+from tailor.operator.resolve import parent_location
+from tailor.operator.settings import ALLOWED_LABEL
+
+
+def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
+    """Make sure the artifacts claim is there to write to (creating Tailor's own); None when it is, else
+    what the object waits for. An existingClaim must be labelled for Tailor; a claim of Tailor's name
+    that another object (or an earlier object of the same name) created is never adopted."""
+    claim = p.world.claim
+    if spec.storage.existing_claim is not None:
+        name = spec.storage.existing_claim
+        if claim is None:
+            return f"waiting for PersistentVolumeClaim {name} (spec.storage.existingClaim) to exist"
+        if (claim["metadata"].get("labels") or {}).get(ALLOWED_LABEL) != "true":
+            raise Refused(Reason.CLAIM_NOT_ALLOWED, f"spec.storage.existingClaim {name} is not labelled "
+                                                    f"{ALLOWED_LABEL}=true; label it to let Tailor write there")
+        return None
+    name = names.claim_name(p.name)
+    if claim is None:
+        manifest: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": p.namespace,
+                         "labels": {**names.model_labels(p.model), names.MODEL_UID: p.uid}},
+            "spec": {"accessModes": ["ReadWriteMany"],
+                     "resources": {"requests": {"storage": spec.storage.size or p.settings.claim_size}}}}
+        if spec.storage.storage_class_name is not None:
+            manifest["spec"]["storageClassName"] = spec.storage.storage_class_name
+        p.create(manifest)
+        p.event("ClaimCreated", f"created PersistentVolumeClaim {name} for the artifacts")
+        return None
+    if claim["metadata"].get("deletionTimestamp"):
+        return f"waiting for PersistentVolumeClaim {name}, being deleted, to go before creating it anew"
+    if not owned_by(claim, p.uid):
+        raise Refused(Reason.OWNED_ELSEWHERE, f"PersistentVolumeClaim {name} exists and was not created for this "
+                                              f"CompressedModel (uid {p.uid}); delete it, or label it "
+                                              f"{ALLOWED_LABEL}=true and name it in spec.storage.existingClaim")
+    return None
+
+
+def claim_of(p: Pass, spec: CompressedModelSpec) -> str:
+    return spec.storage.existing_claim or names.claim_name(p.name)
+
+
+def service_account(p: Pass, name: str) -> None:
+    """A ServiceAccount for the stage or Triton pods of this namespace: no API token is mounted and no role
+    is bound to it; it carries the image pull secrets. Shared by the namespace's models, so not owned; a
+    create that finds it there is fine."""
+    p.create({"apiVersion": "v1", "kind": "ServiceAccount",
+              "metadata": {"name": name, "namespace": p.namespace, "labels": dict(names.MANAGED)},
+              "automountServiceAccountToken": False,
+              "imagePullSecrets": [{"name": secret} for secret in p.settings.image_pull_secrets]})
+
+
+def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
+    """The plan a Job reads, unless it is already there; immutable, as the Jobs that read it."""
+    if p.owned("ConfigMap", name) is None:
+        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
+                  "data": {PLAN_FILE: plan.dump()}})
+
+
+def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
+              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False) -> None:
+    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs)."""
+    jobs = spec.jobs
+    gpus = 0 if stage == "package" or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
+    settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
+                           gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
+                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds)
+    service_account(p, p.settings.job_service_account)
+    plan_config_map(p, config_map, plan)
+    env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
+    if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
+    for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
+                              jobs.pod_annotations, parent_location(spec)[1], pool, env, reader):
+        p.create(manifest)
+    name = names.job_name(p.name, generation, stage, pool)
+    p.event("JobCreated", f"created Job {names.reader_name(name)}: tailor result --stage {stage}" if reader
+            else f"created Job {name}: tailor {stage}")
+
+
+def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
+    """The Job's result message once it succeeded; None while it runs; refused when it failed."""
+    name = job["metadata"]["name"]
+    state = job_finished(job)
+    if state == "Failed":
+        failure = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
+        detail = p.world.results.get(name)
+        reason = str(failure.get("reason") or Reason.JOB_FAILED)
+        raise Refused(reason, f"Job {name} failed: {failure.get('message', '')}" + (f"; {detail}" if detail else ""))
+    if state is None:
+        return None
+    return p.world.results.get(name, "")
