@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from tailor.devcluster import cluster
 from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
 
 from conftest import wait_for
+from processes import sleeping
 
 REPORT = ("import json, os; folder = os.environ.get('TAILOR_SERVICE_ACCOUNT_DIR', '')\n"
           "mode = oct(os.stat(f'{folder}/token').st_mode & 0o777) if folder else None\n"
@@ -30,17 +30,6 @@ def _pod(name: str, command: list[str], restart_policy: str) -> dict[str, Any]:
         "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
         "restartPolicy": restart_policy, "terminationGracePeriodSeconds": 2,
         "containers": [{"name": "main", "image": "busybox", "command": command}]}}
-
-
-def _sleeping(marker: str) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().split(b"\0")[:2] == [b"sleep", marker.encode()]:
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def _status(core: client.CoreV1Api, namespace: str, name: str) -> Any:
@@ -82,18 +71,18 @@ def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
     marker = f"600.{uuid.uuid4().int % 10**9:09d}"
     core.create_namespaced_pod(namespace, _pod("server", ["sleep", marker], "Always"))
     wait_for("the server pod to run", lambda: _status(core, namespace, "server").phase == "Running", 60)
-    assert len(_sleeping(marker)) == 1
+    assert len(sleeping(marker)) == 1
 
     _stop_executor(devcluster, signal.SIGTERM)  # `tailor devcluster down` stops it so
-    assert _sleeping(marker) == [], "a pod's process outlived the executor"
+    assert sleeping(marker) == [], "a pod's process outlived the executor"
     cluster.up()
     wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 1), 60)
-    assert len(_sleeping(marker)) == 1
+    assert len(sleeping(marker)) == 1
     assert _status(core, namespace, "report").phase == "Succeeded"
 
     monkeypatch.undo()  # the executor the other tests get runs in the test session's environment
     _stop_executor(devcluster, signal.SIGKILL)  # no stop_all: its pods' shims stop them
-    wait_for("the pod's process to end with the executor", lambda: not _sleeping(marker), 10)
+    wait_for("the pod's process to end with the executor", lambda: not sleeping(marker), 10)
     cluster.up()
     wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 2), 60)
-    assert len(_sleeping(marker)) == 1
+    assert len(sleeping(marker)) == 1

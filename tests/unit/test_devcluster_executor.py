@@ -24,6 +24,8 @@ from kubernetes import client
 from tailor.devcluster import executor as executor_module
 from tailor.devcluster.executor import SERVICE_ACCOUNT_MOUNT, Executor
 
+from processes import sleeping
+
 NODE = "local-0"
 API_HOST = "https://127.0.0.1:16443"
 SECRETS = {"KUBECONFIG": "/home/dev/.kube/config", "HF_TOKEN": "hf_secret", "AWS_ACCESS_KEY_ID": "AKIASECRET",
@@ -103,18 +105,6 @@ def processes(marker: str) -> list[int]:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if marker in cmdline.read_bytes().decode(errors="replace") and int(cmdline.parent.name) != os.getpid():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
-def sleeping(marker: str) -> list[int]:
-    """The running `sleep <marker>` processes."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().split(b"\0")[:2] == [b"sleep", marker.encode()]:
                 found.append(int(cmdline.parent.name))
         except OSError:
             continue
