@@ -44,7 +44,6 @@ class Reason(StrEnum):
     REVISION_FAILED = "RevisionFailed"  # a revision that cannot become available (ProgressDeadlineExceeded)
     SERVING = "Serving"
     BUILT = "Built"  # built, and the spec asks for no deployment
-    BUILDING = "Building"
 
 
 def set_condition(conditions: list[Condition], kind: str, state: bool | None, reason: str, message: str,

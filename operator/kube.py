@@ -1,6 +1,6 @@
 """The few Kubernetes calls the reconciler makes, on the official client, with the semantics it needs:
-create-or-adopt (a restarted operator finds its Job and creates no second one), reads that return None
-for a missing object, deletes that ignore one already gone, and transient errors retried with backoff.
+creates that treat an existing object as done (the next pass observes it and checks its owner), reads that
+return None for a missing object, lists by label, deletes that ignore one already gone, and transient errors retried with backoff.
 Every request is counted per CompressedModel for the operator's metrics and the benchmark.
 """
 
@@ -107,17 +107,6 @@ class Kube:
             if error.status != 409:
                 raise
         return None
-
-    def ensure(self, owner: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Create `manifest`, or adopt the object already there by that name; (object, created)."""
-        created = self.create(owner, manifest)
-        if created is not None:
-            return created, True
-        meta = manifest["metadata"]
-        existing = self.get(owner, manifest["kind"], meta["namespace"], meta["name"])
-        if existing is None:  # deleted in between: the next pass creates it
-            raise RuntimeError(f"{manifest['kind']} {meta['name']} vanished while being adopted")
-        return existing, False
 
     def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(owner, "PATCH", self._path(kind, namespace, name), patch,

@@ -20,7 +20,7 @@ from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
 from tailor.operator.decision import Decision, Pass, Patch, Refused
-from tailor.operator.deployment import PORTS, SERVING_SERVICE_ACCOUNT, TRITON, manifests, service
+from tailor.operator.deployment import PORTS, TRITON, manifests, service
 from tailor.operator.pools import Built, PoolPlan, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
@@ -93,7 +93,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
         service_account(p, p.settings.serving_service_account)
         package_folder = plan.layout.package(p.generation, pool.name)
         for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
-                                  p.settings.serving_service_account or SERVING_SERVICE_ACCOUNT):
+                                  p.settings.serving_service_account):
             p.create(manifest)
         p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, pool.name, p.generation)}: "
                                    f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "

@@ -76,13 +76,11 @@ def test_a_persistent_error_is_raised_after_the_last_attempt(server: tuple[Kube,
     assert error.value.status == 500 and kube.requests["ns/m"] == kube_module.ATTEMPTS
 
 
-def test_create_adopts_an_existing_object_and_missing_reads_as_none(server: tuple[Kube, Script]) -> None:
+def test_a_create_that_finds_the_object_there_and_missing_reads_are_none(server: tuple[Kube, Script]) -> None:
     kube, script = server
     manifest = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"}}
     script.answers[("POST", JOB)] = [(409, {"reason": "AlreadyExists"})]
-    script.answers[("GET", f"{JOB}/j")] = [(200, {"metadata": {"name": "j", "uid": "first"}})]
-    found, created = kube.ensure("ns/m", manifest)
-    assert (found["metadata"]["uid"], created) == ("first", False)
-    assert script.seen == [("POST", JOB), ("GET", f"{JOB}/j")]  # a 409 on create is an answer, not retried
+    assert kube.create("ns/m", manifest) is None  # the next pass observes it (and checks its owner)
+    assert script.seen == [("POST", JOB)]  # a 409 on create is an answer, not retried
     assert kube.get("ns/m", "Job", "ns", "other") is None
     assert kube.delete("ns/m", "Job", "ns", "other") is False
