@@ -1,6 +1,7 @@
 """The few Kubernetes calls the reconciler makes, on the official client, with the semantics it needs:
-creates that treat an existing object as done (the next pass observes it and checks its owner), reads that
-return None for a missing object, lists by label, deletes that ignore one already gone, and transient errors retried with backoff.
+creates that take an existing object as done (the next pass observes it and checks its owner), reads
+that return None for a missing object, lists by label, deletes that ignore one already gone, and transient
+errors retried with backoff.
 Every request is counted per CompressedModel for the operator's metrics and the benchmark.
 """
 
