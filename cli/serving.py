@@ -1,4 +1,5 @@
-"""`tailor package`, `tailor serve`, `tailor infer`: a model on a real Triton Inference Server."""
+"""`tailor package`, `tailor serve`, `tailor generate` (vLLM), `tailor infer` (the Python fallback engine): a
+model on a real Triton Inference Server."""
 
 from __future__ import annotations
 
@@ -10,19 +11,20 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES = """examples:
-  tailor package --model runs/smollm2/child-fp8 --out runs/smollm2/triton --name smollm2 --gpu cpu --context 2048
+  tailor package --model runs/smollm2/child --out runs/smollm2/triton --name smollm2 --gpu cpu --context 2048
   tailor serve runs/smollm2/triton --http-port 8000 --grpc-port 8001 --metrics-port 8002
-  tailor infer --url 127.0.0.1:8000 --model smollm2 --prompt "ROMEO:" --max-tokens 32
-  tailor infer --url 127.0.0.1:8001 --protocol grpc --model smollm2 --prompt "ROMEO:" --temperature 0.8 --seed 1
-  tailor infer --url 127.0.0.1:8001 --protocol grpc --stream --model smollm2-stream --prompt "ROMEO:"
+  tailor generate --url 127.0.0.1:8001 --model smollm2 --prompt "ROMEO:" --max-tokens 32 --stream
+  tailor package --engine tailor-python --model runs/smollm2/child-fp8 --out runs/smollm2/fallback --name smollm2
+  tailor infer --url 127.0.0.1:8000 --model smollm2 --prompt "ROMEO:" --max-tokens 32    (tailor-python)
 """
 
 
 def _package(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs
-    from tailor.compressor.buildplan import BuildPlan
+    from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_pod
     from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
+    from tailor.compressor.serving.engines import Engine
     from tailor.compressor.serving.repository import package
 
     plan = BuildPlan.load(args.plan) if args.plan else None
@@ -30,17 +32,19 @@ def _package(args: argparse.Namespace) -> int:
         pool = plan.pool
         if pool is None:
             raise ValueError(f"{args.plan}: the build plan names no pool to package for")
-        out = Path(plan.layout.root, plan.layout.package(pool.generation, pool.name))
-        settings = package(Path(plan.checkpoint), out, plan.model, plan.catalog().get(pool.gpu_profile), pool.context,
+        folder = plan.layout.package(pool.generation, pool.name)
+        settings = package(Path(plan.checkpoint), Path(plan.layout.root, folder), plan.model,
+                           plan.catalog().get(pool.gpu_profile), pool.context, engine=pool.engine,
                            max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
-                           threads=args.threads, dtype=args.dtype, tensor_parallel=pool.tensor_parallel,
-                           sizing=pool.sizing)
+                           threads=args.threads, dtype=PACKAGE_DTYPE, tensor_parallel=pool.tensor_parallel,
+                           mount=repository_in_pod(folder), sizing=pool.sizing)
     else:
         needs(args, "model", "out", "name")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu)
         settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
-                           max_batch_size=args.max_batch_size, instances=args.instances, decoupled=args.stream,
-                           threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
+                           engine=Engine(args.engine), max_batch_size=args.max_batch_size,
+                           instances=args.instances, decoupled=args.stream, threads=args.threads, dtype=args.dtype,
+                           tensor_parallel=args.tensor_parallel, mount=args.mount)
     print(settings.model_dump_json(indent=2))
     return 0
 
@@ -74,7 +78,22 @@ def _tritonserver(args: argparse.Namespace) -> int:
 
     given = args.args[1:] if args.args[:1] == ["--"] else args.args
     argv, env = local_command(given, Path(tempfile.mkdtemp(prefix="tritonserver-")))
-    os.execve(argv[0], argv, env)
+    os.execve(argv[0], argv, {**os.environ, **env})
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tailor.compressor.serving import client
+
+    fields = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
+              "top_p": args.top_p, "seed": args.seed, "ignore_eos": args.ignore_eos or None}
+    sampling = {name: value for name, value in fields.items() if value is not None}
+    if args.stream:
+        client.generate(args.url, args.model, args.prompt, sampling, stream=True,
+                        on_text=lambda text: print(text, end="", flush=True))
+        print()
+    else:
+        print(client.generate(args.url, args.model, args.prompt, sampling).text)
+    return 0
 
 
 def _infer(args: argparse.Namespace) -> int:
@@ -108,13 +127,16 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--gpu", default="cpu", help="profile the repository is sized for (cpu: KIND_CPU)")
     pack.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
     pack.add_argument("--context", type=int, default=2048, help="tokens per request the sizing reserves")
+    pack.add_argument("--engine", choices=["vllm", "tailor-python"], default="vllm",
+                      help="vllm (Triton's vLLM backend; here vLLM's CPU build) or the Python fallback engine")
+    pack.add_argument("--mount", help="where the server finds the repository, for model.json (default: --out's)")
     pack.add_argument("--max-batch-size", type=int, help="default: what the sizing fits (at most 64)")
     pack.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
     pack.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per replica the sizing assumes")
-    pack.add_argument("--threads", type=int, default=2, help="torch threads per instance")
-    pack.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                      help="compute dtype of the Python-backend model")
-    pack.add_argument("--stream", action="store_true", help="decoupled: one response per generated token")
+    pack.add_argument("--threads", type=int, default=2, help="tailor-python: torch threads per instance")
+    pack.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="compute dtype")
+    pack.add_argument("--stream", action="store_true",
+                      help="tailor-python: decoupled, one response per token (vllm models always are)")
     pack.set_defaults(run=_package)
 
     exec_server = nouns.add_parser("tritonserver", help="exec the tritonserver bundled in nvidia-pytriton with "
@@ -134,8 +156,22 @@ def add_parsers(nouns: Any) -> None:
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
     serve.set_defaults(run=_serve)
 
-    infer = nouns.add_parser("infer", help="generate through a Triton server", epilog=EXAMPLES,
-                             formatter_class=formatter)
+    generate = nouns.add_parser("generate", help="generate through Triton's vLLM backend (gRPC)", epilog=EXAMPLES,
+                                formatter_class=formatter)
+    generate.add_argument("--url", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
+    generate.add_argument("--model", required=True)
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-tokens", type=int)
+    generate.add_argument("--temperature", type=float)
+    generate.add_argument("--top-k", type=int)
+    generate.add_argument("--top-p", type=float)
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
+    generate.add_argument("--stream", action="store_true", help="print the text as it comes")
+    generate.set_defaults(run=_generate)
+
+    infer = nouns.add_parser("infer", help="generate through the Python fallback engine (tailor-python)",
+                             epilog=EXAMPLES, formatter_class=formatter)
     infer.add_argument("--url", default="127.0.0.1:8000", help="host:port (8000 HTTP, 8001 gRPC by default)")
     infer.add_argument("--protocol", choices=["http", "grpc"], default="http")
     infer.add_argument("--model", required=True)

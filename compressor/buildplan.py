@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import KvDtype
 from tailor.compressor.puzzle.plan import Plan, PlanError, problems
+from tailor.compressor.serving.engines import Engine
 from tailor.compressor.sizing import Sizing
 
 API_VERSION: Literal["tailor.dev/build-plan/v1"] = "tailor.dev/build-plan/v1"
@@ -34,7 +35,8 @@ MODELS_MOUNT = "/models"  # the claim, read-only, in Triton pods
 SOURCE_MOUNT = "/source"  # a pvc:// parent's claim, read-only, in stage pods
 PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
 REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
-MAX_BATCH_CAP = 64  # requests one Python-backend instance batches at most, whatever memory allows
+MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs), whatever memory allows
+PACKAGE_DTYPE = "bfloat16"  # what the package Jobs serve unquantized weights in
 Stage = Literal["compress", "quantize", "evaluate", "package"]
 BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
 
@@ -102,6 +104,11 @@ class EvaluateStep(_Model):
     eval_tokens: int = Field(ge=16)
 
 
+def repository_in_pod(package_folder: str) -> str:
+    """The model repository of a package folder, where a Triton pod mounts the artifacts claim."""
+    return f"{MODELS_MOUNT}/{package_folder}/{REPOSITORY}"
+
+
 class PoolServing(_Model):
     """What a package Job writes for one pool: sized by the operator from the quantize result and the nodes."""
 
@@ -111,6 +118,9 @@ class PoolServing(_Model):
     context: int = Field(ge=1)
     tensor_parallel: int = Field(ge=1)
     max_batch_size: int = Field(ge=1, le=MAX_BATCH_CAP)
+    engine: Engine = Engine.VLLM
+    quantized: bool = Field(True, description="Serve the quantized checkpoint; false: the BF16 child (where the "
+                                              "pool's engine cannot run the quantized one).")
     sizing: Sizing
 
 
@@ -138,8 +148,10 @@ class BuildPlan(_Model):
 
     @property
     def checkpoint(self) -> str:
-        """What is evaluated and served: the quantized checkpoint, or the BF16 child."""
-        return self.layout.quantized if self.quantize is not None else self.layout.child
+        """What is evaluated and served: the quantized checkpoint, or the BF16 child (also where the pool's
+        engine cannot run the quantized one)."""
+        quantized = self.quantize is not None and (self.pool is None or self.pool.quantized)
+        return self.layout.quantized if quantized else self.layout.child
 
     def catalog(self) -> GpuCatalog:
         return GpuCatalog(list(self.gpu_profiles))

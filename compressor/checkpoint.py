@@ -3,7 +3,8 @@
 Parents are `llama`/`mistral` or `nemotron_h` folders. Children follow the public conventions:
 - of a Llama parent, `nemotron-nas` (DeciLM): `architectures: [DeciLMForCausalLM]` and one
   `block_configs` entry per layer (attention: `no_op`, `replace_with_linear`, `n_heads_in_group`; FFN:
-  `no_op`, `replace_with_linear`, `intermediate_size` and the equivalent `ffn_mult`);
+  `no_op`, `replace_with_linear`, `intermediate_size` and the equivalent `ffn_mult`), with the config class
+  engines read it through (`configuration_decilm.py`, named in `auto_map`);
 - of a NemotronH parent, `nemotron_h_puzzle`: `architectures: [NemotronHPuzzleForCausalLM]`, the
   parent's layer pattern, and one `block_configs` entry per block with its `block_type` and the
   model-wide fields it overrides (Mamba heads, head dim and state; KV heads; MLP width; experts, top-k,
@@ -44,6 +45,8 @@ from tailor.compressor.moe import Routing
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 LLAMA_TYPES = ("llama", "mistral", "nemotron-nas")
+DECILM_CONFIG_FILE = "configuration_decilm.py"
+DECILM_CONFIG_CLASS = "configuration_decilm.DeciLMConfig"
 NEMOTRON_H_TYPES = ("nemotron_h", "nemotron_h_puzzle")
 SUPPORTED = ("llama, mistral (dense parents), nemotron-nas (their Puzzle children), nemotron_h (hybrid parents) "
              "and nemotron_h_puzzle (their Puzzle children)")
@@ -226,7 +229,7 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
             config["ssm_state_size"] = states.pop()
         return config
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
-                  num_hidden_layers=len(arch.blocks))
+                  num_hidden_layers=len(arch.blocks), auto_map={"AutoConfig": DECILM_CONFIG_CLASS})
     return config
 
 
@@ -240,6 +243,8 @@ def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tok
         for name in TOKENIZER_FILES:
             if (tokenizer_from / name).exists():
                 shutil.copy2(tokenizer_from / name, staging / name)
+        if config.get("model_type") == "nemotron-nas":  # the config class engines read it with
+            shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), staging / DECILM_CONFIG_FILE)
 
 
 def save_decoder(decoder: Decoder, folder: Path, parent: Path) -> None:

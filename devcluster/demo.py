@@ -17,6 +17,7 @@ import datetime
 import json
 import shutil
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,18 +203,33 @@ class Demo:
 
     # --- the answer and the summary -----------------------------------------------------------------
 
-    def ask(self, name: str, pool: str) -> dict[str, Any]:
-        from tailor.compressor.serving.client import infer
+    def ask(self, body: dict[str, Any], pool: str) -> dict[str, Any]:
+        """The pool's Triton answers PROMPT through its engine; with vLLM, the engine's own count of the
+        concurrent requests its KV cache holds is read from the pod's metrics beside the sizing's."""
+        from tailor.compressor.buildplan import MAX_BATCH_CAP
+        from tailor.compressor.serving.client import generate, infer
+        from tailor.compressor.serving.engines import Engine
 
+        name = body["metadata"]["name"]
+        status = next(p for p in body["status"]["pools"] if p["name"] == pool)
         pod: Any
         (pod,) = client.CoreV1Api(self.api).list_namespaced_pod(
             NAMESPACE, label_selector=f"tailor.dev/model={name},tailor.dev/pool={pool}").items
         ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
         started = time.monotonic()
-        answer = infer(f"127.0.0.1:{ports['http']}", name, "http", PROMPT, max_tokens=24)
+        result: dict[str, Any] = {"engine": status.get("engine"), "notes": status.get("notes", [])}
+        if status.get("engine") == Engine.VLLM:
+            done = generate(f"127.0.0.1:{ports['grpc']}", name, PROMPT, {"max_tokens": 24, "temperature": 0})
+            text, tokens = done.text, done.output_tokens
+            result["predicted_concurrency"] = min(status["concurrencyPerReplica"], MAX_BATCH_CAP)
+            result["engine_concurrency"] = engine_metric(ports["metrics"], "tailor_engine_max_concurrency", name)
+        else:
+            answer = infer(f"127.0.0.1:{ports['http']}", name, "http", PROMPT, max_tokens=24)
+            text, tokens = answer.text, len(answer.ids)
         seconds = time.monotonic() - started
-        log(f"Triton ({pod.metadata.name}) answered in {seconds:.1f}s:\n\n{PROMPT}{answer.text}\n")
-        return {"prompt": PROMPT, "answer": answer.text, "tokens": len(answer.ids), "seconds": round(seconds, 2)}
+        log(f"Triton ({pod.metadata.name}, engine {status.get('engine')}) answered in {seconds:.1f}s:\n\n"
+            f"{PROMPT}{text}\n")
+        return {"prompt": PROMPT, "answer": text, "tokens": tokens, "seconds": round(seconds, 2), **result}
 
     def artifacts(self, body: dict[str, Any]) -> dict[str, Any]:
         """The compression report and quantization report the Jobs left on the artifacts claim."""
@@ -226,6 +242,15 @@ class Demo:
         if pareto is not None:
             shutil.copyfile(pareto, self.out / "pareto.png")
         return {"compression": report, "quantization": quantized}
+
+
+def engine_metric(port: int, name: str, model: str) -> float | None:
+    """A gauge from a pod's metrics port, for `model`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(f"{name}{{") and f'model="{model}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def _seconds(stage: dict[str, Any]) -> float | None:
@@ -286,14 +311,18 @@ def render(report: dict[str, Any]) -> str:
         f"  stages          {stages}",
         f"  Triton answer   {report['answer']['prompt']}{report['answer']['answer']!r} "
         f"({report['answer']['tokens']} tokens in {report['answer']['seconds']:.1f}s)",
+        f"  engine          {report['answer']['engine']}" + "".join(f"; {note}" for note in report['answer']['notes']),
+        *([f"  concurrency     {report['answer']['predicted_concurrency']} requests predicted by the sizing for "
+           f"the KV cache given to the engine; the engine reports {report['answer']['engine_concurrency']:.2f}"]
+          if report["answer"].get("engine_concurrency") is not None else []),
         "", "== Triton sizing per node pool (the operator's, from each child's architecture) ==",
-        f"  {'model':<20} {'pool':<6} {'GPU':<24} {'context':>8} {'GPUs/replica':>12} {'requests/GPU':>12} "
-        f"{'replicas':>8}"]
+        f"  {'model':<20} {'pool':<6} {'GPU':<24} {'engine':<13} {'context':>8} {'GPUs/replica':>12} "
+        f"{'requests/GPU':>12} {'replicas':>8}"]
     for pool in report["pools"]:
         if pool.get("skipped"):
             lines.append(f"  {pool['model']:<20} {pool['name']:<6} skipped: {pool['skipped']}")
         else:
             lines.append(f"  {pool['model']:<20} {pool['name']:<6} {pool.get('gpuProduct', ''):<24} "
-                         f"{pool['contextLength']:>8} {pool.get('gpusPerReplica', 0):>12} "
+                         f"{pool.get('engine') or '':<13} {pool['contextLength']:>8} {pool.get('gpusPerReplica', 0):>12} "
                          f"{pool.get('concurrencyPerGpu', 0):>12} {pool.get('replicas', 0):>8}")
     return "\n".join(lines)

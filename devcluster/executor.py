@@ -90,7 +90,8 @@ POD_ENV = {
 # KUBERNETES_SERVICE_HOST/PORT: this API server, as a kubelet sets them for every container.
 # TAILOR_SERVICE_ACCOUNT_DIR: the projected ServiceAccount volume's folder, with such a volume: nothing can be
 #   mounted at the standard path here.
-# LD_LIBRARY_PATH, for `tritonserver` only: this Python's libpython, for the Python backend's stub.
+# For `tritonserver` only, what its Python backend's stub needs (`server.environment`): PATH starts with the
+#   engine's environment (vLLM's for `vllm` models), LD_LIBRARY_PATH finds libpython, and vLLM's CPU settings.
 # A model cache is not among them: the stage Jobs name theirs (TAILOR_CACHE_DIR on their artifacts claim).
 HOME_DIR, TMP_DIR = ".home", ".tmp"  # a container's name has no dot: no container folder is named so
 # From the host's environment only where this machine keeps the public certificates it trusts, as an image bakes
@@ -458,12 +459,13 @@ class Executor:
         work = container.folder / f"run-{container.restarts}"
         work.mkdir(parents=True, exist_ok=True)
         runtime: dict[str, str] = {}
+        bin_dir = Path(sys.executable).parent
         if Path(argv[0]).name == "tritonserver":
             from tailor.compressor.serving.server import local_command
 
-            argv, triton_env = local_command(argv[1:], work)
-            runtime = {k: triton_env[k] for k in ("LD_LIBRARY_PATH",) if k in triton_env}
-        env = pod_env(given, os.environ, Path(sys.executable).parent, local.folder, local.name, api, runtime)
+            argv, runtime = local_command(argv[1:], work)
+            bin_dir = Path(runtime.pop("PATH").split(os.pathsep)[0])
+        env = pod_env(given, os.environ, bin_dir, local.folder, local.name, api, runtime)
         if shutil.which(argv[0], path=env["PATH"]) is None:
             raise FileNotFoundError(f"container {spec['name']}: {argv[0]}: no such command on PATH {env['PATH']}")
         container.message_file.unlink(missing_ok=True)

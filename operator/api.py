@@ -71,6 +71,9 @@ class GpuProfile(StrEnum):
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
 VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written
 RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"  # images/runtime.Dockerfile: Jobs and Triton
+# NVIDIA's Triton with its vLLM backend (chosen by tag; not pulled on the development machines, which reach
+# no registry): the engine of every GPU pool
+TRITON_VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.11-vllm-python-py3"
 NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 
@@ -240,12 +243,14 @@ MIN_WITHIN_MAX = cel("self.minReplicas <= self.maxReplicas", "minReplicas must n
 
 
 class Autoscaling(ApiModel):
-    """Horizontal scaling on Triton's queue metrics."""
+    """Horizontal scaling on the engine's queue metrics."""
 
-    metric: Literal["queueTimeMicroseconds", "pendingRequests"] = Field(
-        default="queueTimeMicroseconds",
-        description="Average time a request waits in Triton's queue, or requests waiting per replica.")
-    target: float = Field(default=50_000, gt=0, description="Average value per replica that triggers scaling.")
+    metric: Literal["requestsWaiting", "kvCacheUsage", "queueTimeSeconds"] = Field(
+        default="requestsWaiting",
+        description="Requests waiting for a place in the running batch (vllm:num_requests_waiting), the share of "
+                    "the KV cache in use (vllm:kv_cache_usage_perc, 0-1), or the average time a request waited "
+                    "before running (vllm:request_queue_time_seconds), per replica.")
+    target: float = Field(default=2, gt=0, description="Average value per replica that triggers scaling.")
 
 
 class DeploymentSpec(ApiModel):
@@ -259,9 +264,10 @@ class DeploymentSpec(ApiModel):
         description="Node pools to serve on; each gets its own Deployment sized to its GPUs.")
     context_length: int = Field(default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
                                 description="Context length each request may use (prompt and output).")
-    triton_image: str = Field(default=RUNTIME_IMAGE, min_length=1, max_length=512,
-                              description="Image with `tritonserver` and the Python backend that runs the "
-                              "packaged model (images/runtime.Dockerfile).")
+    triton_image: str = Field(default=TRITON_VLLM_IMAGE, min_length=1, max_length=512,
+                              description="Triton Inference Server image with vLLM as its engine (NVIDIA's, "
+                              "pinned); it serves every vLLM pool. A pool the Python fallback engine serves "
+                              "runs the operator's job image.")
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool.")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})
@@ -421,6 +427,11 @@ class PoolStatus(StatusModel):
     skipped: str | None = Field(default=None, description="Why the pool gets no deployment.")
     revision: str | None = Field(default=None, description="The revision the pool's Service sends traffic to.")
     gpu_product: str | None = None
+    engine: str | None = Field(default=None, description="The engine serving it: vllm, or tailor-python (the "
+                                                         "fallback where no vLLM build runs the model).")
+    notes: list[str] = Field(default_factory=list, description="What the pool serves differently from the build "
+                                                               "(the BF16 child, the fallback engine) and why, "
+                                                               "and sizing warnings.")
     gpus_per_replica: int | None = Field(default=None, ge=0)
     concurrency_per_gpu: int | None = Field(default=None, ge=0)
     concurrency_per_replica: int | None = Field(default=None, ge=0)

@@ -1,5 +1,9 @@
 """The Kubernetes objects that serve a CompressedModel on one node pool: a Triton Deployment sized by its
-`PoolPlan`, a Service, a PodDisruptionBudget and a HorizontalPodAutoscaler on a Triton queue metric.
+`PoolPlan`, a Service, a PodDisruptionBudget and a HorizontalPodAutoscaler on the engine's queue metrics.
+
+The pool's engine decides the image: vLLM pools run `deployment.tritonImage` (NVIDIA's Triton vLLM image), whose
+vLLM backend reads the engine arguments the package Job wrote (`model.json`: max_num_seqs, max_model_len, KV-cache
+bytes and dtype, tensor parallelism, from the sizing); the Python fallback engine runs tailor's runtime image.
 
 Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
 the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
@@ -9,10 +13,12 @@ read from the artifacts claim; the startup probe allows for loading the weights 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
-from tailor.compressor.buildplan import MODELS_MOUNT, REPOSITORY
+from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
+from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
 from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec
 from tailor.operator.pools import GPU_RESOURCE, PoolPlan
@@ -24,10 +30,18 @@ LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not 
 PROBE_PERIOD_S = 10
 PROGRESS_MARGIN_S = 300  # scheduling and image pulls, beyond the startup probe's allowance
 SERVING_SERVICE_ACCOUNT = "tailor-serving"
-# Metrics a prometheus-adapter serves per pod from Triton's /metrics (rules in the Helm chart):
-# average queue time per request, and requests waiting.
-POD_METRICS = {"queueTimeMicroseconds": "triton_queue_time_us_per_request",
-               "pendingRequests": "nv_inference_pending_request_count"}
+ENGINE_ANNOTATION = "tailor.dev/engine"
+ENGINE_ARGS_ANNOTATION = "tailor.dev/engine-args"  # vLLM's model.json, as the package Job writes it
+# Metrics a prometheus-adapter serves per pod from Triton's /metrics (rules in the Helm chart's
+# prometheus-adapter-values.yaml), by engine: vLLM's own (`vllm:*` on Triton's metrics port) and, for the
+# Python fallback engine, Triton's queue metrics. The fallback has no KV-cache metric: it scales on waiting
+# requests instead.
+POD_METRICS = {
+    Engine.VLLM: {"requestsWaiting": "vllm_requests_waiting", "kvCacheUsage": "vllm_kv_cache_usage",
+                  "queueTimeSeconds": "vllm_queue_time_seconds"},
+    Engine.PYTHON: {"requestsWaiting": "triton_requests_waiting", "kvCacheUsage": "triton_requests_waiting",
+                    "queueTimeSeconds": "triton_queue_time_seconds"},
+}
 GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
@@ -80,12 +94,16 @@ def startup_failure_threshold(weight_bytes: int) -> int:
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
-              package: str, generation: int, service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
+              package: str, generation: int, image: str, engine_config: dict[str, Any] | None = None,
+              service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
     """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
     pool that is not skipped. `package` is the pool's `tailor package` folder inside `claim`; the pods run as
     `service_account` with no API token (Triton never calls the Kubernetes API). The Deployment's progress
-    deadline is the startup allowance plus five minutes: past it the revision is failed, not waited for."""
-    if plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None:
+    deadline is the startup allowance plus five minutes: past it the revision is failed, not waited for. The
+    engine and, for vLLM, the engine arguments the package Job writes (`engine_config`) are annotations, so that
+    `kubectl get deploy -o yaml` shows what each replica runs with."""
+    if (plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None
+            or plan.engine is None):
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
     selector = revision_labels(model, plan.name, generation)
     meta = _metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
@@ -103,9 +121,9 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
     container = {
-        "name": "triton", "image": deployment.triton_image,
+        "name": "triton", "image": image,
         "command": ["tritonserver"],
-        "args": [f"--model-repository={MODELS_MOUNT}/{package}/{REPOSITORY}",
+        "args": [f"--model-repository={repository_in_pod(package)}",
                  *(f"--{name}-port={port}" for name, port in PORTS.items())],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "resources": {"limits": {GPU_RESOURCE: str(gpus)},
@@ -133,8 +151,11 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         },
     }
     autoscaling = deployment.autoscaling
+    described = {**meta, "annotations": {ENGINE_ANNOTATION: plan.engine.value}}
+    if engine_config is not None:
+        described["annotations"][ENGINE_ARGS_ANNOTATION] = json.dumps(engine_config, sort_keys=True)
     return [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": described,
          "spec": {"replicas": plan.replicas, "selector": {"matchLabels": selector}, "template": pod,
                   "progressDeadlineSeconds": startup * PROBE_PERIOD_S + PROGRESS_MARGIN_S,
                   "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}},
@@ -144,7 +165,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
                   "minReplicas": max(1, deployment.min_replicas), "maxReplicas": deployment.max_replicas,
                   "metrics": [{"type": "Pods", "pods": {
-                      "metric": {"name": POD_METRICS[autoscaling.metric]},
+                      "metric": {"name": POD_METRICS[plan.engine][autoscaling.metric]},
                       "target": {"type": "AverageValue", "averageValue": _quantity(autoscaling.target)}}}]}},
     ]
 

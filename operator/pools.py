@@ -6,8 +6,9 @@ Only nodes that are Ready and report allocatable GPUs count: a node that is drai
 plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a
 revision it already serves there (node churn must not take serving down). A pool whose GPUs have no FP8
 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs weight-only
-(W4A16) and is noted. The `cpu` development profile serves them through the Python backend, which
-dequantizes them.
+(W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
+development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or
+the Python fallback engine where it cannot run the model at all (MoE hybrids).
 
 Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live
 cluster and a test's nodes.
@@ -23,7 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from tailor.compressor.architecture import Architecture
 from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
 from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.memory import KvDtype, QuantRecipe, RuntimeReserve
+from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
+from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator.api import DeploymentSpec, NodePoolTarget
 
@@ -56,6 +58,8 @@ class PoolPlan(BaseModel):
     replicas: int | None = None  # for the target, within [minReplicas, maxReplicas] and the pool's GPUs
     recipe: str | None = None
     kv_dtype: KvDtype | None = None
+    engine: Engine | None = None
+    quantized: bool = True  # serves the quantized checkpoint (else the BF16 child)
     sizing: Sizing | None = None
     skipped: str | None = None  # why the pool gets no deployment
     notes: list[str] = []
@@ -64,9 +68,11 @@ class PoolPlan(BaseModel):
         """What the pool's package Job writes (the build plan's `pool`)."""
         if self.sizing is None or self.gpu_profile is None or self.concurrency_per_replica is None:
             raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
+        assert self.engine is not None
         return PoolServing(name=self.name, generation=generation, gpu_profile=self.gpu_profile, context=context,
                            tensor_parallel=self.sizing.tensor_parallel,
-                           max_batch_size=min(self.concurrency_per_replica, MAX_BATCH_CAP), sizing=self.sizing)
+                           max_batch_size=min(self.concurrency_per_replica, MAX_BATCH_CAP), engine=self.engine,
+                           quantized=self.quantized, sizing=self.sizing)
 
 
 def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> list[dict[str, Any]]:
@@ -108,6 +114,13 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     if gpu is None:
         return plan.model_copy(update={"skipped": f"no GPU profile knows {PRODUCT_LABEL}={product}"})
     recipe, kv = built.recipe, built.kv_dtype
+    engine = choose(gpu, built.arch, recipe.precision)
+    if engine.engine is None:
+        return plan.model_copy(update={"skipped": engine.note})
+    if not engine.quantized:
+        recipe, kv = RECIPES["bf16"], KvDtype.BF16
+    plan = plan.model_copy(update={"engine": engine.engine, "quantized": engine.quantized,
+                                   "notes": [engine.note] if engine.note else []})
     if recipe.precision is not Precision.BF16 and not gpu.serves_quantized:
         return plan.model_copy(update={"skipped": f"{gpu.name} ({gpu.family}) has no FP8 math: it cannot serve "
                                                   f"the {recipe.precision.value} checkpoint"})
@@ -124,7 +137,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     needed = math.ceil(target / sizing.concurrency_per_replica)
     capacity = sizing.replicas_per_node * len(members)
     replicas = max(deployment.min_replicas, min(needed, deployment.max_replicas, capacity))
-    notes = list(sizing.warnings)
+    notes = [*plan.notes, *sizing.warnings]
     if needed > min(deployment.max_replicas, capacity):
         limit = "maxReplicas" if deployment.max_replicas < capacity else "the pool's GPUs"
         notes.append(f"{target} concurrent requests need {needed} replicas of {sizing.concurrency_per_replica}; "

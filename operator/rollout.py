@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_pod
 from tailor.compressor.memory import RECIPES, KvDtype
 from tailor.compressor.results import unpack_config
+from tailor.compressor.serving.engines import Engine, engine_args, served_checkpoint
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
@@ -78,7 +79,8 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
     serving = serving_revision(current)
     mine = p.owned("Deployment", names.revision_name(p.name, pool.name, p.generation))
     sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog)
-    status = PoolStatus(name=pool.name, gpu_product=sized.gpu_product, gpus_per_replica=sized.tensor_parallel,
+    status = PoolStatus(name=pool.name, gpu_product=sized.gpu_product, engine=sized.engine, notes=sized.notes,
+                        gpus_per_replica=sized.tensor_parallel,
                         concurrency_per_gpu=int(sized.concurrency_per_gpu or 0) if sized.sizing else None,
                         concurrency_per_replica=sized.concurrency_per_replica, replicas=sized.replicas,
                         revision=serving, skipped=sized.skipped)
@@ -92,12 +94,17 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
             return status, False
         service_account(p, p.settings.serving_service_account)
         package_folder = plan.layout.package(p.generation, pool.name)
+        image, engine_config = p.settings.job_image, None
+        if sized.engine is Engine.VLLM:
+            image = deployment.triton_image
+            engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
         for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
-                                  p.settings.serving_service_account):
+                                  image, engine_config, p.settings.serving_service_account):
             p.create(manifest)
         p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, pool.name, p.generation)}: "
                                    f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "
-                                   f"{sized.concurrency_per_replica} concurrent requests each")
+                                   f"{sized.concurrency_per_replica} concurrent requests each, engine "
+                                   f"{sized.engine}")
         if current is None:  # the first revision: the Service can point at it from the start
             p.create(service(p.model, pool.name, p.generation))
             status.revision = revision
@@ -122,6 +129,14 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                 if other["metadata"]["labels"].get(names.REVISION) != revision:
                     delete_revision(p, other["metadata"]["name"])
     return status, ready and status.revision == revision
+
+
+def vllm_config(p: Pass, sized: PoolPlan, package_folder: str, context: int) -> dict[str, Any]:
+    """The engine arguments the pool's package Job writes into model.json (the same function, the same plan)."""
+    serving = sized.serving(p.generation, context)
+    return engine_args(served_checkpoint(repository_in_pod(package_folder), p.name),
+                       p.settings.catalog.get(serving.gpu_profile), serving.sizing, serving.max_batch_size,
+                       PACKAGE_DTYPE)
 
 
 def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:

@@ -11,6 +11,7 @@ from tailor.operator.deployment import SERVING_SERVICE_ACCOUNT
 from tailor.operator.jobs import JOB_SERVICE_ACCOUNT
 
 PROJECT_IMAGES = "ghcr.io/tailor-dev/"
+TRITON_IMAGES = "nvcr.io/nvidia/tritonserver:"  # NVIDIA's Triton images: the vLLM pools' engine
 # Pod annotations a tenant may set on stage pods: monitoring, autoscaler and queueing hints only. Anything
 # else could select privileged behaviour of a webhook or a runtime (e.g. a sidecar injector or AppArmor).
 ANNOTATION_PREFIXES = ("prometheus.io/", "cluster-autoscaler.kubernetes.io/", "kueue.x-k8s.io/")
@@ -27,7 +28,7 @@ class OperatorSettings:
     job_service_account: str = JOB_SERVICE_ACCOUNT
     serving_service_account: str = SERVING_SERVICE_ACCOUNT
     image_pull_secrets: tuple[str, ...] = ()
-    image_prefixes: tuple[str, ...] = (PROJECT_IMAGES,)  # besides job_image itself
+    image_prefixes: tuple[str, ...] = (PROJECT_IMAGES, TRITON_IMAGES)  # besides job_image itself
     annotation_prefixes: tuple[str, ...] = ANNOTATION_PREFIXES
 
     def image_allowed(self, image: str) -> bool:

@@ -9,7 +9,8 @@
   experts (channel contribution on the tokens routed to each), a smaller top-k, a narrower shared expert.
 - Any block: one linear map, or removal. Linear maps start at the least-squares fit of the block's
   output on the calibration activations (the optimum of an unnormalised local-distillation loss), at
-  least as close as the paper's W_up.W_down / W_V.W_O products.
+  least as close as the paper's W_up.W_down / W_V.W_O products. For a child served by vLLM (the plan's
+  `engine`) neither a linear map nor removing the first block's attention is offered: vLLM cannot load them.
 Sizes are shares of the parent's, so a later Iterative Puzzle round offers the same sizes again.
 """
 
@@ -37,6 +38,7 @@ from tailor.compressor.modeling import (
 )
 from tailor.compressor.moe import MixtureOfExperts, ReluSquaredMlp
 from tailor.compressor.puzzle.plan import Library
+from tailor.compressor.serving.engines import Engine
 
 WIDTH_MULTIPLE = 16
 
@@ -99,8 +101,9 @@ def _moe_options(current: Moe, parent: Moe, library: Library) -> list[Part]:
             for e, k, w, s in itertools.product(experts, top_k, widths, shared)]
 
 
-def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Variant]:
-    """The current part first, then every smaller option the library allows from it."""
+def slot_variants(slot: Slot, parent_part: Part, library: Library, engine: Engine = Engine.VLLM) -> list[Variant]:
+    """The current part first, then every smaller option the library allows from it that `engine` loads
+    (vLLM: no linear maps, and the first block keeps its attention; `serving/engines.py`)."""
     current = slot.part
     options: list[Part] = [current]
     if isinstance(current, Attention):
@@ -118,9 +121,11 @@ def slot_variants(slot: Slot, parent_part: Part, library: Library) -> list[Varia
     elif isinstance(current, Moe):
         assert isinstance(parent_part, Moe)
         options += _moe_options(current, parent_part, library)
-    if library.linear and not isinstance(current, Linear | NoOp):
+    vllm = engine is Engine.VLLM
+    if library.linear and not vllm and not isinstance(current, Linear | NoOp):
         options.append(Linear())
-    if library.no_op and not isinstance(current, NoOp):
+    keeps_attention = vllm and slot.layer == 0 and isinstance(current, Attention)
+    if library.no_op and not keeps_attention and not isinstance(current, NoOp):
         options.append(NoOp())
     unique = list(dict.fromkeys(options))  # drops options equal to the current part
     return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(unique)]

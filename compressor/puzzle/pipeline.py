@@ -150,7 +150,8 @@ class Round:
     def library(self, current: Decoder, parent: Decoder) -> list[list[Variant]]:
         parent_parts = [slot.part for slot in parent.slots()]
         with self._stage("library"):
-            variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library) for slot in current.slots()]
+            variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library, self.plan.engine)
+                        for slot in current.slots()]
             if parallel.is_main():
                 write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])
         return variants

@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from tailor.compressor.hardware import Precision
 from tailor.compressor.memory import KvDtype
+from tailor.compressor.serving.engines import Engine
 
 MAX_TOKENS = 10**13  # the CompressedModel API's own ceiling for distillation budgets
 MAX_CONTEXT = 16 * 1024 * 1024
@@ -147,6 +148,9 @@ class Plan(_Spec):
     data: Data = Data()
     target: Target
     library: Library = Library()
+    engine: Engine = Field(Engine.VLLM, description="The engine the child is served with: vllm offers only the "
+                                                    "blocks it loads (no linear maps; the first block keeps its "
+                                                    "attention); tailor-python, every library variant.")
     bld: Training = Training(tokens=32768, lr=1e-3)
     bld_activation_tokens: int = Field(8192, gt=0, le=MAX_TOKENS,
                                        description="Distinct training tokens whose activations BLD "

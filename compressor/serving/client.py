@@ -1,10 +1,16 @@
-"""Calling a `tailor package` model through tritonclient, over HTTP or gRPC (streaming for decoupled models).
+"""Calling a `tailor package` model through tritonclient.
+
+- `generate`: a vLLM-engine model (NVIDIA's vLLM backend on GPUs, tailor's on this machine), whose
+  interface is a prompt, `sampling_parameters` as JSON and a `stream` flag; decoupled, so over a gRPC stream.
+- `infer` and `stream`: the Python fallback engine's interface (a prompt or token ids, one tensor per
+  sampling parameter), over HTTP or gRPC.
 
 Light: numpy and tritonclient only, so the operator and benchmarks can use it without torch.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +102,57 @@ def stream(url: str, model: str, on_text: Callable[[str], None], prompt: str | N
             if response.parameters.get("triton_final_response") and \
                     response.parameters["triton_final_response"].bool_param:
                 return Completion("".join(text), tokens)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@dataclass
+class Generation:
+    text: str
+    finish_reason: str | None = None
+    output_tokens: int | None = None
+
+
+def generate(url: str, model: str, prompt: str, sampling: dict[str, Any] | None = None, *, stream: bool = False,
+             on_text: Callable[[str], None] | None = None, timeout: float = 300.0) -> Generation:
+    """One request to a vLLM-engine model over a gRPC stream: the completion (without the prompt), its finish
+    reason and output token count; with `stream`, `on_text` gets each piece as it arrives."""
+    def tensor(name: str, value: Any) -> Any:
+        datatype, dtype = ("BYTES", np.object_) if isinstance(value, bytes) else ("BOOL", np.bool_)
+        made = grpcclient.InferInput(name, [1], datatype)
+        made.set_data_from_numpy(np.array([value], dtype=dtype))
+        return made
+
+    tensors = [tensor("text_input", prompt.encode("utf-8")), tensor("stream", stream),
+               tensor("sampling_parameters", json.dumps(sampling or {}).encode()),
+               tensor("exclude_input_in_output", True), tensor("return_finish_reason", True),
+               tensor("return_num_output_tokens", True)]
+    pieces: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    text: list[str] = []
+    reason, count = None, None
+    try:
+        client.start_stream(callback=lambda result, error: pieces.put(error or result), stream_timeout=timeout)
+        client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+        while True:
+            item = pieces.get(timeout=timeout)
+            if isinstance(item, InferenceServerException):
+                raise item
+            response = item.get_response()
+            names = {output.name for output in response.outputs}
+            if "text_output" in names:
+                piece = item.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
+                text.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+            if "finish_reason" in names:
+                reason = item.as_numpy("finish_reason").reshape(-1)[0].decode() or None
+            if "num_output_tokens" in names:
+                count = int(item.as_numpy("num_output_tokens").reshape(-1)[0])
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return Generation("".join(text), reason, count)
     finally:
         client.stop_stream()
         client.close()

@@ -38,7 +38,7 @@ class GenerationRequest(BaseModel):
 Emit = Callable[[int, int, bool], None]
 
 
-class Engine:
+class Generator:
     """A loaded model and its tokenizer."""
 
     def __init__(self, folder: Path, context: int, dtype: torch.dtype = torch.bfloat16) -> None:

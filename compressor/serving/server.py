@@ -9,6 +9,7 @@ must load this interpreter's libpython (LD_LIBRARY_PATH), not the system one it 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 READY_TIMEOUT_S = 300.0
+VLLM_VENV_VARIABLE = "TAILOR_VLLM_VENV"
+# vLLM's CPU build: every core runs the model (by default it keeps one back), and no model hub
+VLLM_CPU_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
 STOP_TIMEOUT_S = 30.0
 
 
@@ -54,8 +58,15 @@ def _bundle() -> Path:
     return Path(pytriton.__file__).parent / "tritonserver"
 
 
+def vllm_environment() -> Path:
+    """The virtual environment of vLLM's CPU build (`tailor engine setup`): $TAILOR_VLLM_VENV, else
+    `.venv-vllm` beside this environment."""
+    return Path(os.environ.get(VLLM_VENV_VARIABLE) or Path(sys.prefix).parent / ".venv-vllm")
+
+
 def backend_folder(into: Path) -> Path:
-    """A backend folder for the Python backend, made of symlinks into the wheel."""
+    """A backend folder made of symlinks: the Python backend from the wheel, and `vllm/model.py`, tailor's
+    vLLM backend (`vllm_backend.py`), which the Python backend runs for `backend: "vllm"` models."""
     bundle = _bundle()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -63,27 +74,58 @@ def backend_folder(into: Path) -> Path:
         raise RuntimeError(f"{stub}: the wheel has no Python-backend stub for Python {version}")
     python = into / "python"
     python.mkdir(parents=True, exist_ok=True)
-    for source in (bundle / "backends" / "python" / "libtriton_python.so",
-                   bundle / "backends" / "python" / "triton_python_backend_utils.py", stub):
+    for source in (bundle / "backends" / "python" / "triton_python_backend_utils.py", stub):
         (python / source.name).symlink_to(source)
+    # a real file: the server refuses a backend library that resolves outside the backend folder (it checks
+    # for the Python-based `vllm` backend); its libraries come through LD_LIBRARY_PATH (`environment`)
+    shutil.copy2(bundle / "backends" / "python" / "libtriton_python.so", python / "libtriton_python.so")
+    (into / "vllm").mkdir(exist_ok=True)
+    (into / "vllm" / "model.py").symlink_to(Path(__file__).with_name("vllm_backend.py"))
     return into
 
 
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if libdir and sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
+def backends_of(repository: Path) -> set[str]:
+    """The `backend:` of every model in a repository."""
+    found = set()
+    for config in repository.glob("*/config.pbtxt"):
+        if match := re.search(r'^\s*backend:\s*"([^"]+)"', config.read_text(), re.MULTILINE):
+            found.add(match.group(1))
+    return found
+
+
+def _repository_arg(args: list[str]) -> Path | None:
+    for index, arg in enumerate(args):
+        if arg.startswith("--model-repository="):
+            return Path(arg.split("=", 1)[1])
+        if arg == "--model-repository" and index + 1 < len(args):
+            return Path(args[index + 1])
+    return None
+
+
+def environment(repository: Path | None) -> dict[str, str]:
+    """What the Python backend's stub needs: the `python3` first on PATH is the environment it embeds
+    (vLLM's for a repository of `vllm` models, else this one), and LD_LIBRARY_PATH finds this interpreter's
+    libpython (the environments share their base interpreter)."""
+    engine = vllm_environment() if repository is not None and "vllm" in backends_of(repository) else None
+    if engine is not None and not (engine / "bin" / "python3").exists():
+        raise RuntimeError(f"{repository} has vllm models but {engine} holds no vLLM environment: run "
+                           f"`tailor engine setup` (or set {VLLM_VENV_VARIABLE})")
+    bin_dir = engine / "bin" if engine is not None else Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None
+    bundled = _bundle().parent.parent / "nvidia_pytriton.libs"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, str(bundled), os.environ.get("LD_LIBRARY_PATH")]))
+    if engine is not None:
+        env.update(VLLM_CPU_ENV)
     return env
 
 
 def local_command(args: list[str], work: Path) -> tuple[list[str], dict[str, str]]:
-    """The bundled tritonserver with `args` (as a Triton image's `tritonserver` takes them), its Python backend
-    set up under `work`, and the environment it needs."""
+    """The bundled tritonserver with `args` (as a Triton image's `tritonserver` takes them), its backends set
+    up under `work`, and the variables its environment needs (`environment`)."""
     backends = backend_folder(work / "backends")
     return [str(_bundle() / "bin" / "tritonserver"), *args, f"--backend-directory={backends}",
-            "--allow-gpu-metrics=false"], environment()
+            "--allow-gpu-metrics=false"], environment(_repository_arg(args))
 
 
 class ServerError(RuntimeError):
@@ -129,7 +171,9 @@ class RunningServer:
         raise ServerError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> int:
-        """SIGTERM, then SIGKILL after a grace period; the exit status."""
+        """SIGTERM, then SIGKILL after a grace period; the exit status. Whatever the server started and left
+        behind (a vLLM engine's core and worker processes outlive a stub that is killed) goes with its process
+        group: the server leads a session of its own."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -137,6 +181,10 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nothing was left
         return self.process.returncode
 
 
@@ -157,9 +205,11 @@ def triton_server(repository: Path, ports: Ports | None = None, *, explicit: boo
     if explicit:
         args.append("--model-control-mode=explicit")
         args += [f"--load-model={name}" for name in load or []]
-    command, env = local_command(args, work)
+    command, extra = local_command(args, work)
+    env = {**os.environ, **extra}
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=work,
+                                   start_new_session=True)  # the stub puts its working folder on sys.path
     server = RunningServer(process, ports, log)
     try:
         server.wait_ready(timeout)

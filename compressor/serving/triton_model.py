@@ -18,7 +18,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from pydantic import ValidationError
 
-from tailor.compressor.serving.generation import Engine, GenerationRequest
+from tailor.compressor.serving.generation import GenerationRequest, Generator
 
 OPTIONAL = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int, "ignore_eos": bool}
 
@@ -29,7 +29,7 @@ class TritonPythonModel:
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         torch.set_num_threads(int(parameters.get("torch_threads", "2")))
         folder = Path(args["model_repository"]) / args["model_version"] / "checkpoint"
-        self.engine = Engine(folder, int(parameters["context_length"]), getattr(torch, parameters["dtype"]))
+        self.engine = Generator(folder, int(parameters["context_length"]), getattr(torch, parameters["dtype"]))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.name = args["model_name"]
 

@@ -17,6 +17,7 @@ from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
+from tailor.compressor.serving.engines import Engine
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import RunningServer, triton_server
 
@@ -36,15 +37,16 @@ def quantized_child(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def packaged(quantized_child: Path) -> Path:
     out = quantized_child.parent / "package"
-    package(quantized_child, out, NAME, GpuCatalog.load().get("cpu"), CONTEXT, max_batch_size=MAX_BATCH)
+    package(quantized_child, out, NAME, GpuCatalog.load().get("cpu"), CONTEXT, engine=Engine.PYTHON,
+            max_batch_size=MAX_BATCH)
     return out
 
 
 @pytest.fixture(scope="session")
 def streaming_package(quantized_child: Path) -> Path:
     out = quantized_child.parent / "package-stream"
-    package(quantized_child, out, NAME, GpuCatalog.load().get("cpu"), CONTEXT, max_batch_size=MAX_BATCH,
-            decoupled=True)
+    package(quantized_child, out, NAME, GpuCatalog.load().get("cpu"), CONTEXT, engine=Engine.PYTHON,
+            max_batch_size=MAX_BATCH, decoupled=True)
     return out
 
 

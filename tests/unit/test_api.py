@@ -37,7 +37,7 @@ def test_defaults_fill_in() -> None:
     assert spec.quantization.precision == "auto"
     assert spec.compression.rounds == 3
     assert spec.compression.min_quality_retention == 0.97
-    assert spec.deployment is not None and spec.deployment.autoscaling.metric == "queueTimeMicroseconds"
+    assert spec.deployment is not None and spec.deployment.autoscaling.metric == "requestsWaiting"
 
 
 def test_crd_file_is_generated_from_the_models() -> None:

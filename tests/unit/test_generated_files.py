@@ -30,16 +30,18 @@ def test_the_reference_documents_every_spec_field() -> None:
 def test_adapter_rules_serve_the_metrics_the_hpas_ask_for() -> None:
     values = yaml.safe_load((crd.ROOT / "charts" / "tailor" / "prometheus-adapter-values.yaml").read_text())
     served = {rule["name"]["as"] for rule in values["rules"]["custom"]}
-    assert served == set(POD_METRICS.values())
+    assert served == {name for by_setting in POD_METRICS.values() for name in by_setting.values()}
 
 
 def test_one_version_everywhere() -> None:
-    """pyproject.toml's version is the package's; the chart, its default images and the CRD's default image say
-    the same (a release bumps pyproject.toml, Chart.yaml and values.yaml together; this test names any it missed)."""
-    from tailor.operator.api import RUNTIME_IMAGE, VERSION_OF_TAILOR
+    """pyproject.toml's version is the package's; the chart and its default images say the same (a release bumps
+    pyproject.toml, Chart.yaml and values.yaml together; this test names any it missed). The CRD's default Triton
+    image is NVIDIA's vLLM image, pinned by its own tag, and the chart allows it."""
+    from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, VERSION_OF_TAILOR
 
     chart = yaml.safe_load((crd.ROOT / "charts" / "tailor" / "Chart.yaml").read_text())
     values = yaml.safe_load((crd.ROOT / "charts" / "tailor" / "values.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == VERSION_OF_TAILOR
     assert values["jobs"]["image"] == RUNTIME_IMAGE
-    assert RUNTIME_IMAGE.endswith(f":{VERSION_OF_TAILOR}") and RUNTIME_IMAGE in crd.CRD_FILE.read_text()
+    assert RUNTIME_IMAGE.endswith(f":{VERSION_OF_TAILOR}") and TRITON_VLLM_IMAGE in crd.CRD_FILE.read_text()
+    assert any(TRITON_VLLM_IMAGE.startswith(prefix) for prefix in values["tenancy"]["allowedImagePrefixes"])

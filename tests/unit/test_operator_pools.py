@@ -11,7 +11,8 @@ import yaml
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
-from tailor.operator.api import CompressedModel
+from tailor.compressor.serving.engines import Engine
+from tailor.operator.api import TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import manifests, service, startup_failure_threshold
 from tailor.operator.pools import Built, PoolPlan
 from tailor.operator.pools import plan_pools as plan_deployment
@@ -86,7 +87,9 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     (plan,) = plan_pools(model, NODES)
     owner = {"metadata": {"name": "nemotron-super-h100", "namespace": "default", "uid": "1234"}}
     assert model.spec.deployment is not None
-    deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3)
+    engine = {"max_num_seqs": 7}
+    deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3,
+                                               model.spec.deployment.triton_image, engine)
     pool_service = service(owner, plan.name, 3)
     assert deployment["metadata"]["name"] == "nemotron-super-h100-h100-g3"
     assert pool_service["metadata"]["name"] == "nemotron-super-h100-h100"
@@ -106,7 +109,11 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
         2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
     assert "--model-repository=/models/g1/repo/repository" in container["args"]
     assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002]
-    assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "50000"
+    assert container["image"] == TRITON_VLLM_IMAGE and plan.engine is Engine.VLLM
+    assert deployment["metadata"]["annotations"] == {"tailor.dev/engine": "vllm",
+                                                     "tailor.dev/engine-args": '{"max_num_seqs": 7}'}
+    assert autoscaler["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_requests_waiting"
+    assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "2"
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
-        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1)
+        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i")

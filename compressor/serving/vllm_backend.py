@@ -1,0 +1,286 @@
+"""Tailor's Triton backend for vLLM: what `backend: "vllm"` runs on tritonservers that do not ship NVIDIA's.
+
+It reads the repository layout and speaks the request interface of NVIDIA's vLLM backend for Triton (the one
+in the `tritonserver:<yy.mm>-vllm-python-py3` images the GPU pools run), so one `tailor package` repository
+serves on both: `config.pbtxt` (decoupled) and `<version>/model.json`, the vLLM engine arguments.
+
+- Requests join vLLM's running batch as they arrive (its async engine, on an event loop in a thread of
+  this process); with `stream` each piece of text is its own response. A request whose client goes away is
+  aborted in the engine, which frees its sequence and KV blocks.
+- Each request's problem is its own: a prompt that is empty, not UTF-8 or beyond `max_prompt_bytes`
+  (checked before tokenizing), sampling parameters that are not a JSON object of known fields, or that vLLM
+  refuses (a prompt plus `max_tokens` beyond `max_model_len`, say), get an INVALID_ARG error (HTTP 400)
+  naming the input; the requests batched with it are untouched.
+- vLLM's scheduler and request statistics are reported on Triton's metrics port under vLLM's own names
+  (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, token counters and
+  latency histograms), labelled with the model and version.
+
+Runs inside the Python backend's stub: imports only the standard library, numpy, vLLM and
+`triton_python_backend_utils`, since its environment is vLLM's (`tailor engine setup`), not tailor's. The
+backend folder links this file as `vllm/model.py`. `model.json`'s `model` names the checkpoint where a pod
+mounts it; a server that mounts the repository elsewhere (the devcluster's executor) finds the `checkpoint`
+folder that `tailor package` puts beside `model.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import locale
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# The stub's embedded interpreter keeps the C locale, so files open as ASCII; torch reads its kernel templates
+# (UTF-8) with the default encoding when vLLM imports it.
+locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
+
+ENGINE_ARGS_FILE = "model.json"
+# sampling_parameters fields a request may set; anything else is refused by name
+SAMPLING_FIELDS = {"max_tokens": int, "min_tokens": int, "temperature": float, "top_p": float, "top_k": int,
+                   "min_p": float, "seed": int, "ignore_eos": bool, "stop": list, "presence_penalty": float,
+                   "frequency_penalty": float, "repetition_penalty": float, "n": int}
+BYTES_PER_TOKEN_BOUND = 16  # default prompt bound: this many bytes per token of max_model_len
+LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0]
+
+
+class RequestError(ValueError):
+    """A request that cannot be served, named by its input."""
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(self.config):
+            raise pb_utils.TritonModelException("the vllm backend needs model_transaction_policy { decoupled: true }")
+        version = Path(args["model_repository"]) / args["model_version"]
+        engine_args = json.loads((version / ENGINE_ARGS_FILE).read_text())
+        if not Path(engine_args["model"]).exists() and (version / "checkpoint").is_dir():
+            engine_args["model"] = str(version / "checkpoint")
+        parameters = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
+        self.max_model_len = int(engine_args["max_model_len"])
+        self.max_prompt_bytes = int(parameters.get("max_prompt_bytes", self.max_model_len * BYTES_PER_TOKEN_BOUND))
+        self.name = args["model_name"]
+        labels = {"model": self.name, "version": args["model_version"]}
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-engine", daemon=True)
+        self.thread.start()
+        async def start() -> AsyncLLM:  # on the loop's thread, where its output handler runs
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[
+                lambda config, index=0: TritonMetrics(labels)])
+
+        self.engine = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        self.capacity = engine_capacity(self.engine, labels)
+        self.pending: set[asyncio.Future[None]] = set()
+
+    def execute(self, requests: list[Any]) -> None:
+        """Hand each request to the engine; responses go out through each request's sender."""
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, sampling, stream, echo, extras = self._parse(request)
+            except RequestError as error:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            future = asyncio.run_coroutine_threadsafe(
+                self._generate(request, sender, prompt, sampling, stream, echo, extras), self.loop)
+            self.pending.add(future)  # type: ignore[arg-type]
+            future.add_done_callback(self.pending.discard)  # type: ignore[arg-type]
+
+    def _parse(self, request: Any) -> tuple[str, SamplingParams, bool, bool, set[str]]:
+        text = pb_utils.get_input_tensor_by_name(request, "text_input")
+        if text is None:
+            raise RequestError("text_input is missing: send the prompt")
+        values = text.as_numpy().reshape(-1)
+        if values.size != 1:
+            raise RequestError(f"text_input must hold one prompt, got {values.size}")
+        raw = values[0] if isinstance(values[0], bytes) else str(values[0]).encode()
+        if len(raw) > self.max_prompt_bytes:
+            raise RequestError(f"text_input has {len(raw)} bytes, more than the {self.max_prompt_bytes} this model "
+                               f"takes (max_model_len {self.max_model_len})")
+        try:
+            prompt = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RequestError(f"text_input is not UTF-8 ({error.reason} at byte {error.start})") from None
+        if not prompt.strip():
+            raise RequestError("text_input is empty: send a non-empty prompt")
+        stream, echo = self._flag(request, "stream"), self._flag(request, "exclude_input_in_output")
+        extras = {name for name in ("return_finish_reason", "return_num_output_tokens") if self._flag(request, name)}
+        return prompt, self._sampling(request), stream, stream or echo, extras
+
+    @staticmethod
+    def _flag(request: Any, name: str) -> bool:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
+
+    @staticmethod
+    def _sampling(request: Any) -> SamplingParams:
+        """sampling_parameters (a JSON object of SAMPLING_FIELDS) as vLLM's SamplingParams, checked."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+        fields: dict[str, Any] = {}
+        if tensor is not None:
+            raw = tensor.as_numpy().reshape(-1)[0]
+            try:
+                fields = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise RequestError(f"sampling_parameters is not JSON: {error}") from None
+            if not isinstance(fields, dict):
+                raise RequestError(f"sampling_parameters must be a JSON object, got {type(fields).__name__}")
+        for name, value in fields.items():
+            kind = SAMPLING_FIELDS.get(name)
+            if kind is None:
+                raise RequestError(f"sampling_parameters.{name} is not a field this server takes; known: "
+                                   f"{', '.join(sorted(SAMPLING_FIELDS))}")
+            numeric = kind in (int, float) and isinstance(value, int | float) and not isinstance(value, bool)
+            if not (isinstance(value, kind) or (kind is float and numeric)):
+                raise RequestError(f"sampling_parameters.{name} must be {kind.__name__}, got {value!r}")
+        if fields.get("n", 1) != 1:
+            raise RequestError("sampling_parameters.n must be 1: send one request per completion")
+        try:
+            return SamplingParams(**fields)
+        except (ValueError, TypeError) as error:
+            raise RequestError(f"sampling_parameters: {error}") from None
+
+    async def _generate(self, request: Any, sender: Any, prompt: str, sampling: SamplingParams, stream: bool,
+                        exclude_prompt: bool, extras: set[str]) -> None:
+        """Run one request in the engine; with `stream` each new piece of text is a response, and the final
+        response carries what `extras` asks for (empty text when streaming)."""
+        del request  # held until here: a request Triton has released cannot be answered
+        request_id = uuid.uuid4().hex
+        sent = 0  # characters of the completion already streamed
+        final = None
+        try:
+            async for output in self.engine.generate(prompt, sampling, request_id):
+                if sender.is_cancelled():  # the client went away: free its sequence and KV blocks
+                    await self.engine.abort(request_id)
+                    return
+                final = output.outputs[0]
+                if stream and len(final.text) > sent:
+                    sender.send(self._response(final.text[sent:], final, set()))
+                    sent = len(final.text)
+            assert final is not None
+            text = "" if stream else final.text if exclude_prompt else prompt + final.text
+            if stream and not extras:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(self._response(text, final, extras), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except asyncio.CancelledError:
+            await self.engine.abort(request_id)
+            raise
+        except ValueError as error:  # what vLLM refuses about this request (its length, say)
+            self._fail(sender, f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)
+        except Exception as error:  # noqa: BLE001 - the request fails, the model does not
+            self._fail(sender, f"{self.name}: {type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)
+
+    @staticmethod
+    def _fail(sender: Any, message: str, code: Any) -> None:
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def _response(text: str, completion: Any, extras: set[str]) -> Any:
+        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        if "return_finish_reason" in extras:
+            reason = str(completion.finish_reason or "").encode()
+            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason], dtype=np.object_)))
+        if "return_num_output_tokens" in extras:
+            tensors.append(pb_utils.Tensor("num_output_tokens",
+                                           np.array([len(completion.token_ids)], dtype=np.uint32)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def finalize(self) -> None:
+        for future in list(self.pending):
+            future.cancel()
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def engine_capacity(engine: AsyncLLM, labels: dict[str, str]) -> list[Any]:
+    """The engine's own KV-cache accounting, logged and published as gauges (the families, to keep alive):
+    `tailor_engine_kv_cache_tokens` and `tailor_engine_max_concurrency` (requests of max_model_len it holds),
+    what the operator's sizing is checked against. Families and metrics are returned: each must stay alive."""
+    cache = engine.vllm_config.cache_config
+    tokens, concurrency = cache.kv_cache_size_tokens or 0, cache.kv_cache_max_concurrency or 0.0
+    pb_utils.Logger.log_info(f"vLLM KV cache: {tokens} tokens, {concurrency:.2f} requests of "
+                             f"{engine.vllm_config.model_config.max_model_len} tokens")
+    kept = []
+    for name, value, description in (
+            ("tailor_engine_kv_cache_tokens", tokens, "Tokens the engine's KV cache holds."),
+            ("tailor_engine_max_concurrency", concurrency, "Requests of max_model_len the KV cache holds.")):
+        family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
+        metric = family.Metric(labels)
+        metric.set(value)
+        kept += [family, metric]
+    return kept
+
+
+class TritonMetrics(StatLoggerBase):
+    """vLLM's scheduler and request statistics as Triton custom metrics, under vLLM's own names."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.families: list[Any] = []  # a family must outlive its metrics
+
+        def family(name: str, kind: Any, description: str) -> Any:
+            self.families.append(pb_utils.MetricFamily(name=name, description=description, kind=kind))
+            return self.families[-1]
+
+        gauge, counter, histogram = (pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER,
+                                     pb_utils.MetricFamily.HISTOGRAM)
+        self.running = family("vllm:num_requests_running", gauge, "Requests in the running batch.").Metric(labels)
+        self.waiting = family("vllm:num_requests_waiting", gauge, "Requests waiting to be scheduled.").Metric(labels)
+        self.kv_usage = family("vllm:kv_cache_usage_perc", gauge, "KV-cache usage, 1 is full.").Metric(labels)
+        self.preemptions = family("vllm:num_preemptions_total", counter, "Requests preempted.").Metric(labels)
+        self.prompt_tokens = family("vllm:prompt_tokens_total", counter, "Prompt tokens processed.").Metric(labels)
+        self.generation_tokens = family("vllm:generation_tokens_total", counter,
+                                        "Tokens generated.").Metric(labels)
+
+        def latency(name: str, description: str) -> Any:
+            return family(name, histogram, description).Metric(labels, buckets=LATENCY_BUCKETS)
+
+        self.ttft = latency("vllm:time_to_first_token_seconds", "Time to first token.")
+        self.itl = latency("vllm:inter_token_latency_seconds", "Time between tokens of a request.")
+        self.e2e = latency("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.")
+        self.queue = latency("vllm:request_queue_time_seconds", "Time a request waited before running.")
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        """Called by the engine's output loop: a failure here is logged, never raised into the engine."""
+        try:
+            self._record(scheduler_stats, iteration_stats)
+        except Exception as error:  # noqa: BLE001
+            pb_utils.Logger.log_error(f"vLLM metrics not recorded: {error}")
+
+    def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running.set(scheduler_stats.num_running_reqs)
+            self.waiting.set(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+            self.kv_usage.set(scheduler_stats.kv_cache_usage)
+        if iteration_stats is None:
+            return
+        self.preemptions.increment(iteration_stats.num_preempted_reqs)
+        self.prompt_tokens.increment(iteration_stats.num_prompt_tokens)
+        self.generation_tokens.increment(iteration_stats.num_generation_tokens)
+        for value in iteration_stats.time_to_first_tokens_iter:
+            self.ttft.observe(value)
+        for value in iteration_stats.inter_token_latencies_iter:
+            self.itl.observe(value)
+        for finished in iteration_stats.finished_requests:
+            self.e2e.observe(finished.e2e_latency)
+            self.queue.observe(finished.queued_time)
+
+    def log_engine_initialized(self) -> None:
+        pb_utils.Logger.log_info(f"vLLM engine ready at {time.strftime('%H:%M:%S')}")
