@@ -32,7 +32,7 @@ def _section(values: dict[str, Any]) -> Section:
     return Section(kept)
 
 
-class DeciLMConfig(LlamaConfig):
+class DeciLMConfig(LlamaConfig):  # type: ignore[no-untyped-call]
     model_type = "nemotron-nas"
 
     def __init__(self, block_configs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:

@@ -323,6 +323,7 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"  {pool['model']:<20} {pool['name']:<6} skipped: {pool['skipped']}")
         else:
             lines.append(f"  {pool['model']:<20} {pool['name']:<6} {pool.get('gpuProduct', ''):<24} "
-                         f"{pool.get('engine') or '':<13} {pool['contextLength']:>8} {pool.get('gpusPerReplica', 0):>12} "
+                         f"{pool.get('engine') or '':<13} {pool['contextLength']:>8} "
+                         f"{pool.get('gpusPerReplica', 0):>12} "
                          f"{pool.get('concurrencyPerGpu', 0):>12} {pool.get('replicas', 0):>8}")
     return "\n".join(lines)

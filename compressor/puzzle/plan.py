@@ -102,7 +102,8 @@ class Library(_Spec):
     kv_heads: list[Annotated[int, Field(ge=1, le=1024)]] | None = Field(None, max_length=MAX_VARIANTS,
                                         description="KV head counts to offer ([]: none); default: every "
                                                     "divisor of the query heads below the parent's count.")
-    linear: bool = Field(True, description="Offer a single linear map for every block.")
+    linear: bool = Field(False, description="Offer a single linear map for every block (engine tailor-python "
+                                            "only: vLLM cannot load them).")
     no_op: bool = Field(True, description="Offer removing every block altogether.")
     mamba_heads: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
                                      description="Mamba-2 heads as shares of the parent's (the "
@@ -169,6 +170,13 @@ class Plan(_Spec):
     measure_context: int = Field(2048, gt=0, le=MAX_CONTEXT,
                                  description="The measured tokens/s figure runs on this machine at the "
                                              "target's batch and at most this many cached tokens.")
+
+    @model_validator(mode="after")
+    def _loadable(self) -> Self:
+        if self.library.linear and self.engine is Engine.VLLM:
+            raise ValueError("library.linear: vLLM cannot load a block replaced by a linear map; offer them only "
+                             "with engine: tailor-python (the Python fallback engine)")
+        return self
 
     @classmethod
     def load(cls, path: Path) -> Plan:

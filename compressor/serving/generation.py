@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from tailor.compressor.checkpoint import load_decoder
 
 DEFAULT_MAX_TOKENS = 64
+MIN_TEMPERATURE = 1e-2  # a smaller positive temperature samples as this one (as vLLM does): logits / 1e-40 overflow
 
 
 class GenerationRequest(BaseModel):
@@ -97,7 +98,7 @@ class Generator:
 def _sample(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator | None) -> int:
     if request.temperature == 0:
         return int(logits.argmax())
-    scores = logits / request.temperature
+    scores = logits / max(request.temperature, MIN_TEMPERATURE)
     if request.top_k:
         cut = torch.topk(scores, min(request.top_k, scores.numel())).values[-1]
         scores = scores.masked_fill(scores < cut, float("-inf"))

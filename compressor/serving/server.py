@@ -8,6 +8,7 @@ must load this interpreter's libpython (LD_LIBRARY_PATH), not the system one it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -181,10 +182,8 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        try:
+        with contextlib.suppress(ProcessLookupError):  # nothing was left
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # nothing was left
         return self.process.returncode
 
 

@@ -8,8 +8,8 @@ serves on both: `config.pbtxt` (decoupled) and `<version>/model.json`, the vLLM 
   this process); with `stream` each piece of text is its own response. A request whose client goes away is
   aborted in the engine, which frees its sequence and KV blocks.
 - Each request's problem is its own: a prompt that is empty, not UTF-8 or beyond `max_prompt_bytes`
-  (checked before tokenizing), sampling parameters that are not a JSON object of known fields, or that vLLM
-  refuses (a prompt plus `max_tokens` beyond `max_model_len`, say), get an INVALID_ARG error (HTTP 400)
+  (checked before tokenizing), sampling parameters that are not a JSON object of known fields, or what vLLM
+  refuses (a prompt longer than `max_model_len`, say), get an INVALID_ARG error (HTTP 400)
   naming the input; the requests batched with it are untouched.
 - vLLM's scheduler and request statistics are reported on Triton's metrics port under vLLM's own names
   (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, token counters and
@@ -25,6 +25,7 @@ folder that `tailor package` puts beside `model.json`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import locale
 import threading
@@ -82,7 +83,7 @@ class TritonPythonModel:
 
         self.engine = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
         self.capacity = engine_capacity(self.engine, labels)
-        self.pending: set[asyncio.Future[None]] = set()
+        self.pending: set[concurrent.futures.Future[None]] = set()  # requests in the engine, cancelled at the end
 
     def execute(self, requests: list[Any]) -> None:
         """Hand each request to the engine; responses go out through each request's sender."""
@@ -97,8 +98,8 @@ class TritonPythonModel:
                 continue
             future = asyncio.run_coroutine_threadsafe(
                 self._generate(request, sender, prompt, sampling, stream, echo, extras), self.loop)
-            self.pending.add(future)  # type: ignore[arg-type]
-            future.add_done_callback(self.pending.discard)  # type: ignore[arg-type]
+            self.pending.add(future)
+            future.add_done_callback(self.pending.discard)
 
     def _parse(self, request: Any) -> tuple[str, SamplingParams, bool, bool, set[str]]:
         text = pb_utils.get_input_tensor_by_name(request, "text_input")
@@ -182,7 +183,7 @@ class TritonPythonModel:
             raise
         except ValueError as error:  # what vLLM refuses about this request (its length, say)
             self._fail(sender, f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)
-        except Exception as error:  # noqa: BLE001 - the request fails, the model does not
+        except Exception as error:
             self._fail(sender, f"{self.name}: {type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)
 
     @staticmethod
@@ -228,7 +229,7 @@ def engine_capacity(engine: AsyncLLM, labels: dict[str, str]) -> list[Any]:
     return kept
 
 
-class TritonMetrics(StatLoggerBase):
+class TritonMetrics(StatLoggerBase):  # type: ignore[misc]  # vLLM is not in the type-checked environment
     """vLLM's scheduler and request statistics as Triton custom metrics, under vLLM's own names."""
 
     def __init__(self, labels: dict[str, str]) -> None:
@@ -261,7 +262,7 @@ class TritonMetrics(StatLoggerBase):
         """Called by the engine's output loop: a failure here is logged, never raised into the engine."""
         try:
             self._record(scheduler_stats, iteration_stats)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             pb_utils.Logger.log_error(f"vLLM metrics not recorded: {error}")
 
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:

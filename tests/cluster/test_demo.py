@@ -34,12 +34,18 @@ def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[
         assert report["quality_gate"]["passed"] is True and report["quality_gate"]["retention"] >= 0.6
         assert report["speedup"]["predicted"] >= 1.2 * 0.99  # the search met the example's 1.2x target
         assert report["speedup"]["measured"] > 0  # timed on this shared machine: recorded, not compared
-        assert report["answer"]["tokens"] > 0 and report["answer"]["answer"].strip()
+        answer = report["answer"]
+        assert answer["tokens"] > 0 and answer["answer"].strip()
+        # the local pool serves the BF16 child with vLLM's CPU build (it has no FP8 kernels here), and says so
+        assert answer["engine"] == "vllm" and "BF16 child" in " ".join(answer["notes"])
+        assert abs(answer["engine_concurrency"] - answer["predicted_concurrency"]) <= 0.05 * answer[
+            "predicted_concurrency"]  # the engine's own KV-cache count agrees with the sizing
         assert set(report["stage_seconds"]) == {"Compress", "Quantize", "Evaluate", "Deploy"}
         pools = {(p["model"], p["name"]): p for p in report["pools"]}
         assert pools[("nemotron-super-h100", "h100")]["concurrencyPerGpu"] == 8  # the published 8 per H100
         assert pools[("nemotron-super-b200", "b200")]["gpuProduct"] == "NVIDIA-B200"
         assert pools[("smollm2-cpu", "local")]["readyReplicas"] == 1
+        assert pools[("nemotron-super-h100", "h100")]["engine"] == "vllm"
         assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:  # leave the devcluster as the other tests expect it: no demo models, no release
         delete_models(api, demo.NAMESPACE)

@@ -121,6 +121,15 @@ def test_malformed_requests_get_a_400_naming_the_problem_and_the_server_stays_re
     assert client.infer(server.http_url, NAME, "http", PROMPT, max_tokens=3).ids
 
 
+def test_a_near_zero_temperature_among_good_requests_fails_nothing(server: RunningServer) -> None:
+    """It samples as temperature 0.01 (as vLLM does): dividing the logits by 1e-40 would overflow the batch."""
+    good = {"max_tokens": 4, "ignore_eos": True}
+    with ThreadPoolExecutor(MAX_BATCH) as pool:
+        answers = list(pool.map(lambda t: client.infer(server.http_url, NAME, "http", PROMPT, temperature=t, seed=1,
+                                                       **good).ids, [0.0] * (MAX_BATCH - 1) + [1e-40]))
+    assert all(len(ids) == 4 for ids in answers)
+
+
 def test_streaming_and_explicit_model_control(streaming_package: Path) -> None:
     with triton_server(streaming_package / "repository", explicit=True) as running:
         control = grpcclient.InferenceServerClient(running.grpc_url)

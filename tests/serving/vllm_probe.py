@@ -16,7 +16,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    for spec in json.load(open(sys.argv[1])):
+    with open(sys.argv[1]) as request:
+        specs = json.load(request)
+    for spec in specs:
         llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
                   max_num_seqs=spec["max_num_seqs"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
                   enforce_eager=True, trust_remote_code=True, seed=0)

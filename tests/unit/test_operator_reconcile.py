@@ -15,8 +15,10 @@ import yaml
 
 from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.results import GateResult, QuantizeResult, pack_config
+from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
+from tailor.operator.api import TRITON_VLLM_IMAGE
 from tailor.operator.decision import Decision
 from tailor.operator.execute import reconcile
 from tailor.operator.observe import job_finished
@@ -111,6 +113,21 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     package = plan_of(kube, "m-g1-package-h100")  # the pool's sizing travels in its plan: nothing re-derived
     assert package.pool is not None and package.pool.sizing.concurrency_per_replica == 8
     assert package.pool.gpu_profile == "H100-80GB" and package.pool.max_batch_size == 8
+    assert (package.pool.engine, package.pool.quantized, h100.engine) == (Engine.VLLM, True, "vllm")
+    # what each replica runs, as `kubectl get deploy -o yaml` shows it: NVIDIA's Triton vLLM image and the
+    # engine arguments the package Job writes into model.json, from the same sizing
+    revision = kube.obj("Deployment", "m-h100-g1")
+    assert revision["spec"]["template"]["spec"]["containers"][0]["image"] == TRITON_VLLM_IMAGE
+    engine = json.loads(revision["metadata"]["annotations"]["tailor.dev/engine-args"])
+    sizing = package.pool.sizing
+    checkpoint = "/models/m-uid-1/g1/triton-h100/repository/m/1/checkpoint"  # where the pod mounts the claim
+    assert engine == {"model": checkpoint, "tokenizer": checkpoint,
+                      "dtype": "bfloat16", "max_model_len": 1_000_000, "max_num_seqs": 8,
+                      "kv_cache_memory_bytes": 8 * sizing.footprint.per_request,
+                      "gpu_memory_utilization": round(sizing.footprint.usable / SETTINGS.catalog.get(
+                          "H100-80GB").memory_bytes, 4),
+                      "tensor_parallel_size": 1, "kv_cache_dtype": "fp8", "enforce_eager": False,
+                      "trust_remote_code": True}
     assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g1"
     assert [s.state for s in status.stages] == ["Succeeded"] * 4
     assert {"JobCreated", "QualityGatePassed", "Ready"} <= {reason for _, reason, _ in kube.events}

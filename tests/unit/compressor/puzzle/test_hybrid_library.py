@@ -13,6 +13,7 @@ from tailor.compressor.modeling import ModelSettings, Slot, build_branch, residu
 from tailor.compressor.moe import MixtureOfExperts, Routing
 from tailor.compressor.puzzle.library import Variant, init_variant, prune_mamba, prune_moe, slot_variants
 from tailor.compressor.puzzle.plan import Library
+from tailor.compressor.serving.engines import Engine
 
 HIDDEN = 32
 MAMBA = Mamba(num_heads=8, head_dim=8, state_size=16, n_groups=2, conv_kernel=4)
@@ -44,8 +45,8 @@ def inputs(tokens: int = 64) -> torch.Tensor:
 
 
 def test_mamba_variants_combine_heads_head_dims_and_states_below_the_current_block() -> None:
-    library = Library(mamba_heads=[0.5], mamba_head_dims=[0.5], ssm_states=[0.75])
-    variants = slot_variants(Slot(0, 0, "mixer", MAMBA), MAMBA, library)
+    library = Library(mamba_heads=[0.5], mamba_head_dims=[0.5], ssm_states=[0.75], linear=True)
+    variants = slot_variants(Slot(0, 0, "mixer", MAMBA), MAMBA, library, Engine.PYTHON)
     assert variants[0].is_current and variants[0].label == "h8d8s16"
     assert [v.label for v in variants[1:]] == ["h8d8s12", "h8d4s16", "h8d4s12", "h4d8s16", "h4d8s12", "h4d4s16",
                                                "h4d4s12", "linear", "noop"]

@@ -15,7 +15,7 @@ from tailor.compressor.puzzle.plan import Plan
 from plans import tiny_plan
 
 LIBRARY = {"mambaHeads": [0.5], "mambaHeadDims": [], "ssmStates": [0.5], "expertWidths": [0.5],
-           "expertsKept": [0.75], "topK": [0.5], "sharedWidths": [0.5], "kvHeads": [1]}
+           "expertsKept": [0.75], "topK": [0.5], "sharedWidths": [0.5], "kvHeads": [1], "linear": True}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def hybrid_run(tiny_hybrid: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     out = tmp_path_factory.mktemp("hybrid") / "out"
     plan = tiny_plan(tiny_hybrid, target={"gpu": "H100", "precision": "fp8", "throughput": None, "params": 0.97,
                                           "context": 4096, "batch": 8, "costs": "roofline"},
-                     library=LIBRARY, measureContext=64)
+                     library=LIBRARY, engine="tailor-python", measureContext=64)
     compress(Plan.model_validate(plan), out)
     return out
 

@@ -9,6 +9,7 @@ from tailor.compressor.modeling import GatedMlp, ModelSettings, RMSNorm, SelfAtt
 from tailor.compressor.puzzle.bld import normalised_mse
 from tailor.compressor.puzzle.library import Variant, init_variant, slot_variants
 from tailor.compressor.puzzle.plan import Library
+from tailor.compressor.serving.engines import Engine
 
 SETTINGS = ModelSettings()
 HIDDEN = 32
@@ -21,14 +22,25 @@ def branch_output(branch: tuple[torch.nn.Module, torch.nn.Module] | None, x: tor
 
 
 def test_the_library_offers_smaller_options_only() -> None:
-    attention = slot_variants(Slot(0, 0, "mixer", ATTENTION), ATTENTION, Library())
+    attention = slot_variants(Slot(0, 0, "mixer", ATTENTION), ATTENTION, Library(linear=True), Engine.PYTHON)
     assert [v.label for v in attention] == ["kv2", "kv1", "linear", "noop"]
     ffn = Mlp(intermediate_size=256, gated=True)
     narrowed = Mlp(intermediate_size=128, gated=True)
-    labels = [v.label for v in slot_variants(Slot(1, 0, "ffn", narrowed), ffn, Library(ffn_widths=[0.75, 0.5, 0.25]))]
+    labels = [v.label for v in slot_variants(Slot(1, 0, "ffn", narrowed), ffn,
+                                             Library(ffn_widths=[0.75, 0.5, 0.25], linear=True), Engine.PYTHON)]
     assert labels == ["w128", "w64", "linear", "noop"]  # 0.75 and 0.5 of the parent are not smaller than 128
     bare = slot_variants(Slot(1, 0, "ffn", ffn), ffn, Library(linear=False, no_op=False))
     assert [v.label for v in bare] == ["w256", "w192", "w128", "w64"]
+
+
+def test_a_child_for_vllm_gets_only_blocks_vllm_loads() -> None:
+    """No linear maps, and the first block keeps its attention (vLLM's DeciLM forward fails without it)."""
+    first = slot_variants(Slot(0, 0, "mixer", ATTENTION), ATTENTION, Library(), Engine.VLLM)
+    later = slot_variants(Slot(2, 1, "mixer", ATTENTION), ATTENTION, Library(), Engine.VLLM)
+    ffn = Mlp(intermediate_size=256, gated=True)
+    first_ffn = slot_variants(Slot(1, 0, "ffn", ffn), ffn, Library(ffn_widths=[0.5]), Engine.VLLM)
+    assert [v.label for v in first] == ["kv2", "kv1"] and [v.label for v in later] == ["kv2", "kv1", "noop"]
+    assert [v.label for v in first_ffn] == ["w256", "w128", "noop"]
 
 
 def test_pooling_identical_kv_heads_changes_nothing() -> None:
