@@ -40,6 +40,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
+from tritonclient.utils import InferenceServerException
 
 from tailor.compressor import sources
 from tailor.compressor.hardware import GpuCatalog
@@ -175,13 +176,20 @@ def sweep(engine: Engine, url: str, model: str, prompts: list[Prompt], concurren
 
 
 def serve(engine: Engine, models: dict[str, Path], prompts: list[Prompt], concurrencies: list[int],
-          new_tokens: int, work: Path, log: Callable[[Row], None]) -> list[Row]:
-    """One tritonserver for `engine`; each model loaded alone, swept over `concurrencies`, unloaded."""
-    rows = []
+          new_tokens: int, work: Path, log: Callable[[Row], None]) -> tuple[list[Row], list[Row]]:
+    """One tritonserver for `engine`; each model loaded alone, swept over `concurrencies`, unloaded. The rows,
+    and the models that did not load (the others are measured all the same)."""
+    rows, failures = [], []
     with triton_server(repository(engine, models, work, max(concurrencies)), explicit=True) as server:
         control = grpcclient.InferenceServerClient(server.grpc_url)
         for label in models:
-            control.load_model(label)
+            try:
+                control.load_model(label)
+            except InferenceServerException as error:
+                failures.append({"engine": engine.value, "model": label,
+                                 "error": f"{error.message().splitlines()[0]} (the server's log: {server.log})"})
+                print(f"{engine.value}/{label} did not load: {failures[-1]['error']}", file=sys.stderr, flush=True)
+                continue
             request(engine, server.grpc_url, label, prompts[0], 4)  # warm-up
             for concurrency in concurrencies:
                 rows.append(sweep(engine, server.grpc_url, label, prompts, concurrency, new_tokens))
@@ -191,7 +199,7 @@ def serve(engine: Engine, models: dict[str, Path], prompts: list[Prompt], concur
                 time.sleep(0.2)
             time.sleep(2)  # the stub process (and vLLM's engine processes) exit after the unload
         control.close()
-    return rows
+    return rows, failures
 
 
 def add_ratios(rows: list[Row]) -> None:
@@ -274,22 +282,28 @@ def main() -> int:
     where = machine()
     print(f"measured on this machine: {where}\n{FP8_NOTE}", file=sys.stderr, flush=True)
 
-    rows = [row for engine, served in engines.items()
-            for row in serve(engine, served, prompts, concurrencies, args.new_tokens, args.work, print_row)]
+    rows: list[Row] = []
+    failures: list[Row] = []
+    for engine, served in engines.items():
+        measured, failed = serve(engine, served, prompts, concurrencies, args.new_tokens, args.work, print_row)
+        rows += measured
+        failures += failed
     add_ratios(rows)
     predicted = predicted_speedup(child)
     print(markdown(rows, where))
     print(f"\n{speedup_line(rows, concurrencies, predicted)}\n{FP8_NOTE}")
+    for failure in failures:
+        print(f"\n{failure['engine']}/{failure['model']} did not load: {failure['error']}")
 
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({
         "measured_on": f"this machine: {where}", "context": CONTEXT, "prompt_tokens": PROMPT_TOKENS,
         "new_tokens": args.new_tokens, "note": FP8_NOTE, "predicted_speedup": predicted,
         "models": {engine.value: {k: str(v) for k, v in served.items()} for engine, served in engines.items()},
-        "rows": rows}, indent=2) + "\n")
+        "failures": failures, "rows": rows}, indent=2) + "\n")
     plot(rows, where, args.results.with_suffix(".png"))
     print(f"\nwrote {args.results} and {args.results.with_suffix('.png')}", file=sys.stderr)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

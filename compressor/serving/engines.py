@@ -14,6 +14,7 @@ Pure: no torch, so the operator decides with it.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Any
 
@@ -76,16 +77,27 @@ def served_checkpoint(repository: str, name: str) -> str:
     return f"{repository}/{name}/1/checkpoint"
 
 
+def page_tokens(gpu: GpuProfile) -> int:
+    """Tokens per KV-cache page (vLLM's block_size): its CPU build's default 128, 16 on GPUs."""
+    return 128 if gpu.family == "cpu" else 16
+
+
 def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int, dtype: str) -> dict[str, Any]:
     """vLLM's engine arguments for a replica sized by `sizing`: `max_num_seqs` requests of `sizing.context`
-    tokens, the KV cache they need and no more (`kv_cache_memory_bytes`, per GPU, so that the engine's own
-    count of concurrent requests is the sizing's), the share of device memory the runtime reserve leaves, the
-    tensor-parallel group and the KV-cache dtype. The CPU build runs eagerly (a compiled start takes minutes
-    on two cores); GPUs capture CUDA graphs."""
+    tokens and the KV cache they need (`kv_cache_memory_bytes`, per GPU: whole pages for each request, the one
+    page vLLM keeps back, and each request's Mamba state), so that the engine's own count of the requests it
+    holds is the sizing's; the share of device memory the runtime reserve leaves, the tensor-parallel group and
+    the KV-cache dtype. The CPU build runs eagerly (a compiled start takes minutes on two cores); GPUs capture
+    CUDA graphs."""
+    page = page_tokens(gpu)
+    footprint = sizing.footprint
+    page_bytes = math.ceil(footprint.kv_per_request * page / sizing.context)
+    pages = math.ceil(sizing.context / page)
     return {"model": checkpoint, "tokenizer": checkpoint, "dtype": dtype,
-            "max_model_len": sizing.context, "max_num_seqs": max_num_seqs,
-            "kv_cache_memory_bytes": max_num_seqs * sizing.footprint.per_request,
-            "gpu_memory_utilization": round(sizing.footprint.usable / gpu.memory_bytes, 4),
+            "max_model_len": sizing.context, "max_num_seqs": max_num_seqs, "block_size": page,
+            "kv_cache_memory_bytes": (max_num_seqs * pages + 1) * page_bytes
+            + max_num_seqs * footprint.state_per_request,
+            "gpu_memory_utilization": round(footprint.usable / gpu.memory_bytes, 4),
             "tensor_parallel_size": sizing.tensor_parallel,
             "kv_cache_dtype": "fp8" if sizing.kv_dtype is KvDtype.FP8 else "auto",
             "enforce_eager": gpu.family == "cpu", "trust_remote_code": True}

@@ -43,6 +43,7 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.exceptions import VLLMClientError  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
 
@@ -90,14 +91,15 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, sampling, stream, echo, extras = self._parse(request)
+                prompt, sampling, stream, exclude_prompt, extras = self._parse(request)
             except RequestError as error:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self._fail(sender, f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)
+                continue
+            except Exception as error:  # noqa: BLE001 - this request fails, not the others of the batch
+                self._fail(sender, f"{self.name}: {type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(
-                self._generate(request, sender, prompt, sampling, stream, echo, extras), self.loop)
+                self._generate(request, sender, prompt, sampling, stream, exclude_prompt, extras), self.loop)
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
 
@@ -118,9 +120,9 @@ class TritonPythonModel:
             raise RequestError(f"text_input is not UTF-8 ({error.reason} at byte {error.start})") from None
         if not prompt.strip():
             raise RequestError("text_input is empty: send a non-empty prompt")
-        stream, echo = self._flag(request, "stream"), self._flag(request, "exclude_input_in_output")
+        stream, exclude = self._flag(request, "stream"), self._flag(request, "exclude_input_in_output")
         extras = {name for name in ("return_finish_reason", "return_num_output_tokens") if self._flag(request, name)}
-        return prompt, self._sampling(request), stream, stream or echo, extras
+        return prompt, self._sampling(request), stream, stream or exclude, extras
 
     @staticmethod
     def _flag(request: Any, name: str) -> bool:
@@ -152,7 +154,7 @@ class TritonPythonModel:
             raise RequestError("sampling_parameters.n must be 1: send one request per completion")
         try:
             return SamplingParams(**fields)
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, VLLMClientError) as error:
             raise RequestError(f"sampling_parameters: {error}") from None
 
     async def _generate(self, request: Any, sender: Any, prompt: str, sampling: SamplingParams, stream: bool,
@@ -181,7 +183,7 @@ class TritonPythonModel:
         except asyncio.CancelledError:
             await self.engine.abort(request_id)
             raise
-        except ValueError as error:  # what vLLM refuses about this request (its length, say)
+        except (ValueError, VLLMClientError) as error:  # what vLLM refuses about this request (its length, say)
             self._fail(sender, f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)
         except Exception as error:
             self._fail(sender, f"{self.name}: {type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)
