@@ -95,7 +95,7 @@ class TritonPythonModel:
             except RequestError as error:
                 self._fail(sender, f"{self.name}: {error}", pb_utils.TritonError.INVALID_ARG)
                 continue
-            except Exception as error:  # noqa: BLE001 - this request fails, not the others of the batch
+            except Exception as error:
                 self._fail(sender, f"{self.name}: {type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(
