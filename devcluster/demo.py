@@ -133,19 +133,29 @@ class Demo:
         return names
 
     def delete(self, name: str) -> None:
+        """Delete an earlier demo's CompressedModel, then the artifacts claim it kept: a demo starts from scratch."""
         custom = client.CustomObjectsApi(self.api)
-        try:
-            custom.delete_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, name)
-        except ApiException as error:
-            if error.status == 404:
-                return
-            raise
-        deadline = time.monotonic() + 120
-        while self.get(name) is not None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"CompressedModel {name} from an earlier demo was not deleted in 120s")
-            time.sleep(1)
-        log(f"deleted {name} from an earlier run")
+        core: Any = client.CoreV1Api(self.api)
+        claim = f"{name}-artifacts"
+        for remove, read, what in (
+                (lambda: custom.delete_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL,
+                                                                name),
+                 lambda: self.get(name), f"CompressedModel {name}"),
+                (lambda: core.delete_namespaced_persistent_volume_claim(claim, NAMESPACE),
+                 lambda: _found(lambda: core.read_namespaced_persistent_volume_claim(claim, NAMESPACE)),
+                 f"PersistentVolumeClaim {claim}")):
+            try:
+                remove()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                continue
+            deadline = time.monotonic() + 120
+            while read() is not None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} from an earlier demo was not deleted in 120s")
+                time.sleep(1)
+            log(f"deleted {what} from an earlier run")
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
@@ -242,6 +252,16 @@ class Demo:
         if pareto is not None:
             shutil.copyfile(pareto, self.out / "pareto.png")
         return {"compression": report, "quantization": quantized}
+
+
+def _found(read: Any) -> Any:
+    """What `read()` returns, or None where the API says 404."""
+    try:
+        return read()
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 def engine_metric(port: int, name: str, model: str) -> float | None:
