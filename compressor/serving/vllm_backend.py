@@ -28,6 +28,8 @@ import asyncio
 import concurrent.futures
 import json
 import locale
+import os
+import tempfile
 import threading
 import time
 import uuid
@@ -37,9 +39,15 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+IPC_FOLDER_MAX = 64  # the socket names vLLM adds are 37 characters (a slash and a UUID)
+
 # The stub's embedded interpreter keeps the C locale, so files open as ASCII; torch reads its kernel templates
 # (UTF-8) with the default encoding when vLLM imports it.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+# vLLM's processes talk over ZMQ IPC sockets under $TMPDIR, and a socket's path must fit in 107 bytes: where the
+# temporary folder leaves no room for a socket's name (a devcluster pod's), they get a short folder of their own.
+if len(tempfile.gettempdir()) > IPC_FOLDER_MAX and "VLLM_RPC_BASE_PATH" not in os.environ:
+    os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-rpc-", dir="/tmp")
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
@@ -69,7 +77,7 @@ class TritonPythonModel:
         version = Path(args["model_repository"]) / args["model_version"]
         engine_args = json.loads((version / ENGINE_ARGS_FILE).read_text())
         if not Path(engine_args["model"]).exists() and (version / "checkpoint").is_dir():
-            engine_args["model"] = str(version / "checkpoint")
+            engine_args.update(model=str(version / "checkpoint"), tokenizer=str(version / "checkpoint"))
         parameters = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
         self.max_model_len = int(engine_args["max_model_len"])
         self.max_prompt_bytes = int(parameters.get("max_prompt_bytes", self.max_model_len * BYTES_PER_TOKEN_BOUND))
