@@ -11,6 +11,7 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.memory import KvDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
+from tailor.compressor.serving.engines import Engine
 from tailor.compressor.serving.repository import MAX_BATCH_CAP, package
 
 
@@ -25,14 +26,19 @@ def fp8_with_fp8_kv(tiny_parent: Path, tmp_path_factory: pytest.TempPathFactory)
 def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_with_fp8_kv: Path,
                                                                          tmp_path: Path) -> None:
     h100 = GpuCatalog.load().get("H100")
-    settings = package(fp8_with_fp8_kv, tmp_path / "pkg", "tiny", h100, 2048)
+    settings = package(fp8_with_fp8_kv, tmp_path / "pkg", "tiny", h100, 2048, mount="/models/pkg/repository")
     assert (settings.recipe, settings.sizing.kv_dtype, settings.kind) == ("fp8", KvDtype.FP8, "KIND_GPU")
     assert settings.max_batch_size == MAX_BATCH_CAP < settings.sizing.concurrency_per_replica
-    config = (tmp_path / "pkg" / "repository" / "tiny" / "config.pbtxt").read_text()
-    assert f"max_batch_size: {MAX_BATCH_CAP}" in config and "kind: KIND_GPU" in config
-    assert (tmp_path / "pkg" / "repository" / "tiny" / "1" / "checkpoint" / "hf_quant_config.json").exists()
-    vllm = json.loads((tmp_path / "pkg" / "gpu" / "vllm" / "tiny" / "1" / "model.json").read_text())
-    assert vllm["quantization"] == "modelopt" and vllm["max_num_seqs"] == settings.sizing.concurrency_per_replica
+    model = tmp_path / "pkg" / "repository" / "tiny"
+    assert 'backend: "vllm"' in (model / "config.pbtxt").read_text()
+    assert (model / "1" / "checkpoint" / "hf_quant_config.json").exists()  # vLLM reads the modelopt export as is
+    vllm = json.loads((model / "1" / "model.json").read_text())
+    assert vllm["model"] == "/models/pkg/repository/tiny/1/checkpoint" and vllm["kv_cache_dtype"] == "fp8"
+    assert (vllm["max_num_seqs"], vllm["max_model_len"], vllm["block_size"]) == (MAX_BATCH_CAP, 2048, 16)
+    fallback = package(fp8_with_fp8_kv, tmp_path / "fallback", "tiny", h100, 2048, engine=Engine.PYTHON)
+    config = (tmp_path / "fallback" / "repository" / "tiny" / "config.pbtxt").read_text()
+    assert fallback.engine_args is None and "kind: KIND_GPU" in config
+    assert f"max_batch_size: {MAX_BATCH_CAP}" in config
     with pytest.raises(ValueError, match=r"--max-batch-size 1000 is above the \d+ requests of 1000000 tokens"):
         package(fp8_with_fp8_kv, tmp_path / "too-many", "tiny", h100, 1_000_000, max_batch_size=1000)
     assert not (tmp_path / "too-many").exists()
