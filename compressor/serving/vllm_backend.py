@@ -86,6 +86,7 @@ class TritonPythonModel:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-engine", daemon=True)
         self.thread.start()
+
         async def start() -> AsyncLLM:  # on the loop's thread, where its output handler runs
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[
                 lambda config, index=0: TritonMetrics(labels)])
