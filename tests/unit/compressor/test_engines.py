@@ -41,6 +41,9 @@ def test_the_cpu_pool_serves_what_vllms_cpu_build_runs_and_says_so() -> None:
                    Block(ffn=Moe(num_experts=4, top_k=2, expert_width=16, shared_width=16)))
     fallback = choose(cpu, hybrid, Precision.BF16)
     assert fallback.engine is Engine.PYTHON and "MoE" in str(fallback.note)
+    dense_hybrid = llama(Block(mixer=Mamba(num_heads=4, head_dim=8, state_size=16, n_groups=1, conv_kernel=4)),
+                         Block(ffn=MLP))
+    assert "nemotron_h_puzzle" in str(choose(cpu, dense_hybrid, Precision.BF16).note)
     assert choose(CATALOG.get("H100-80GB"), hybrid, Precision.FP8).engine is Engine.VLLM  # CUDA runs MoE
 
 
