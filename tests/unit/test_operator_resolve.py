@@ -44,7 +44,7 @@ def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget(
 def test_plan_overrides_merge_and_unknown_fields_fail_with_the_field() -> None:
     spec = example(planOverrides={"library": {"ffnWidths": [0.5]}, "evalTokens": 64}).spec
     plan = compression_plan(spec, Precision.NVFP4)
-    assert plan.library.ffn_widths == [0.5] and plan.library.linear is True and plan.eval_tokens == 64
+    assert plan.library.ffn_widths == [0.5] and plan.library.no_op is True and plan.eval_tokens == 64
     with pytest.raises(InvalidPlan, match=r"library\.ffnWidth"):
         compression_plan(example(planOverrides={"library": {"ffnWidth": [0.5]}}).spec, Precision.NVFP4)
 
