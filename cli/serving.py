@@ -81,12 +81,25 @@ def _tritonserver(args: argparse.Namespace) -> int:
     os.execve(argv[0], argv, {**os.environ, **env})
 
 
+SAMPLING = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags given (`_add_sampling`), by their request names."""
+    given = {name: getattr(args, name) for name in SAMPLING} | {"ignore_eos": args.ignore_eos or None}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    for name, kind in SAMPLING.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    parser.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
+
+
 def _generate(args: argparse.Namespace) -> int:
     from tailor.compressor.serving import client
 
-    fields = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
-              "top_p": args.top_p, "seed": args.seed, "ignore_eos": args.ignore_eos or None}
-    sampling = {name: value for name, value in fields.items() if value is not None}
+    sampling = _sampling(args)
     if args.stream:
         client.generate(args.url, args.model, args.prompt, sampling, stream=True,
                         on_text=lambda text: print(text, end="", flush=True))
@@ -99,9 +112,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _infer(args: argparse.Namespace) -> int:
     from tailor.compressor.serving import client
 
-    parameters: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                                  "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                                  "ignore_eos": args.ignore_eos or None}
+    parameters = _sampling(args)
     ids = [int(t) for t in args.ids.split(",")] if args.ids else None
     prompt = None if ids else args.prompt
     if args.stream:
@@ -161,12 +172,7 @@ def add_parsers(nouns: Any) -> None:
     generate.add_argument("--url", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
     generate.add_argument("--model", required=True)
     generate.add_argument("--prompt", required=True)
-    generate.add_argument("--max-tokens", type=int)
-    generate.add_argument("--temperature", type=float)
-    generate.add_argument("--top-k", type=int)
-    generate.add_argument("--top-p", type=float)
-    generate.add_argument("--seed", type=int)
-    generate.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
+    _add_sampling(generate)
     generate.add_argument("--stream", action="store_true", help="print the text as it comes")
     generate.set_defaults(run=_generate)
 
@@ -178,11 +184,6 @@ def add_parsers(nouns: Any) -> None:
     source = infer.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt")
     source.add_argument("--ids", help="comma-separated token ids instead of a prompt")
-    infer.add_argument("--max-tokens", type=int)
-    infer.add_argument("--temperature", type=float)
-    infer.add_argument("--top-k", type=int)
-    infer.add_argument("--top-p", type=float)
-    infer.add_argument("--seed", type=int)
-    infer.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
+    _add_sampling(infer)
     infer.add_argument("--stream", action="store_true", help="stream tokens (gRPC, a --stream package)")
     infer.set_defaults(run=_infer)
