@@ -60,8 +60,14 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def frequencies(self, device: torch.device | None = None) -> torch.Tensor:
+        """The inverse frequencies (not in the checkpoint: recomputed for a layer built on the meta device)."""
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+        result: torch.Tensor = 1.0 / (self.theta ** exponents)
+        return result
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         positions = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
@@ -357,8 +363,16 @@ class Decoder(nn.Module):
         result: torch.Tensor = self.lm_head(self.final_norm(x))
         return result
 
-    def forward(self, ids: torch.Tensor, caches: list[Cache] | None = None) -> torch.Tensor:
-        return self.head(self.run_slots(self.embed(ids), caches=caches))
+    def forward(self, ids: torch.Tensor, caches: list[Cache] | None = None,
+                states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The logits; with `states`, the residual stream after every layer is appended to it (distillation)."""
+        if states is None:
+            return self.head(self.run_slots(self.embed(ids), caches=caches))
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+            states.append(x)
+        return self.head(x)
 
     def new_caches(self, batch: int, capacity: int) -> list[Cache]:
         """One cache per layer: keys and values for attention, conv window and SSM state for Mamba-2."""

@@ -1,36 +1,65 @@
-"""Stage 6, assembly: the heterogeneous child from one chosen variant per slot.
+"""Stage 6, assembly: the heterogeneous child from one chosen variant per slot, written layer by layer.
 
-The child is a `Decoder` over a new `Architecture` whose blocks hold the chosen parts; embeddings,
-final norm and every chosen branch's weights are copied in. `checkpoint.save_decoder` writes it with
-per-block `block_configs` (`nemotron-nas` for Llama parents, `nemotron_h_puzzle` for NemotronH ones).
+The child's `Architecture` holds the chosen parts; its checkpoint is written one layer (one safetensors
+shard) at a time: a chosen current branch is copied from the current model's files, a trained one from its
+BLD file, and embeddings, final norm and LM head last. `checkpoint.child_config` gives the per-block
+`block_configs` (`nemotron-nas` for Llama parents, `nemotron_h_puzzle` for NemotronH ones).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from tailor.compressor.architecture import Block
-from tailor.compressor.modeling import Branch, Decoder
+from tailor.compressor.architecture import Architecture, Block
+from tailor.compressor.checkpoint import child_config, read_config
+from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint
+from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle.bld import variant_branch
 from tailor.compressor.puzzle.library import Variant
+
+# (norm, op) module names of a branch, per family and slot kind
+BRANCH_NAMES = {("llama", "mixer"): ("input_layernorm", "self_attn"),
+                ("llama", "ffn"): ("post_attention_layernorm", "mlp"),
+                ("nemotron_h", "mixer"): ("norm", "mixer"), ("nemotron_h", "ffn"): ("norm", "mixer")}
+
+
+def child_architecture(current: Architecture, chosen: list[Variant], slots: list[tuple[int, str]]) -> Architecture:
+    if [v.slot for v in chosen] != list(range(len(slots))):
+        raise ValueError("assembly needs exactly one variant per slot, in slot order")
+    parts = {slot: variant.part for slot, variant in zip(slots, chosen, strict=True)}
+    blocks = [Block(mixer=parts.get((i, "mixer")), ffn=parts.get((i, "ffn"))) for i in range(len(current.blocks))]
+    return current.model_copy(update={"blocks": blocks})
 
 
 @torch.no_grad()
-def assemble(current: Decoder, chosen: list[Variant], branches: dict[tuple[int, str], Branch]) -> Decoder:
+def assemble(current: LazyDecoder, chosen: list[Variant], bld: Path, folder: Path, parent: Path) -> Architecture:
+    """Write the child into `folder` (config of the `parent` folder's family, its tokenizer files)."""
     slots = current.slots()
-    if [v.slot for v in chosen] != [s.index for s in slots]:
-        raise ValueError("assembly needs exactly one variant per slot, in slot order")
-    parts = {(slot.layer, slot.kind): variant.part for slot, variant in zip(slots, chosen, strict=True)}
-    blocks = [Block(mixer=parts.get((i, "mixer")), ffn=parts.get((i, "ffn"))) for i in range(len(current.arch.blocks))]
-    child = Decoder(current.arch.model_copy(update={"blocks": blocks}), current.settings)
-    child.embedding.load_state_dict(current.embedding.state_dict())
-    child.final_norm.load_state_dict(current.final_norm.state_dict())
-    if not current.arch.tie_word_embeddings:
-        child.lm_head.load_state_dict(current.lm_head.state_dict())
-    for slot, variant in zip(child.slots(), chosen, strict=True):
-        source, target = branches[(variant.slot, variant.label)], child.layer(slot).branch(slot.kind)
-        if (source is None) != (target is None):
-            raise ValueError(f"slot {slot.index}: variant {variant.label} does not match the assembled block")
-        if source is not None and target is not None:
-            for into, weights in zip(target, source, strict=True):
-                into.load_state_dict(weights.state_dict())
-    return child.to(current.embedding.weight.dtype)
+    arch = child_architecture(current.arch, chosen, [(s.layer, s.kind) for s in slots])
+    with torch.device("meta"):
+        expected = set(Decoder(arch, current.settings).state_dict())
+    prefix = current.family_prefix
+    written: set[str] = set()
+    with sharded_checkpoint(folder, child_config(read_config(parent), arch), parent, len(arch.blocks) + 1) as out:
+        for index in range(len(arch.blocks)):
+            layer = current.layer(index)
+            tensors: dict[str, torch.Tensor] = {}
+            for slot, variant in ((s, chosen[s.index]) for s in slots if s.layer == index):
+                branch = variant_branch(current, layer, variant, bld)
+                if branch is None:
+                    continue
+                for name, module in zip(BRANCH_NAMES[(current.settings.family, slot.kind)], branch, strict=True):
+                    tensors.update({f"{prefix}.layers.{index}.{name}.{key}": value
+                                    for key, value in module.state_dict().items()})
+            out.add(tensors)
+            written.update(tensors)
+            del layer
+        ends = {name: current.tensors([name])[name] for name in current.files
+                if not name.startswith(f"{prefix}.layers.")}
+        out.add(ends)
+        written.update(ends)
+        if written != expected - ({"lm_head.weight"} if arch.tie_word_embeddings else set()):
+            raise ValueError(f"assembly wrote {sorted(written ^ expected)[:4]} unlike the child's architecture")
+    return arch

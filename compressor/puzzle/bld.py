@@ -4,8 +4,10 @@ Each variant sees the current model's residual stream entering its slot and is t
 normalised MSE between its branch output and the current branch's, ||o_child - o_parent||^2 /
 ||o_parent||^2. Attention and FFN slots are separate (decoupled BLD: (m + n) * L trainings instead of
 m * n * L), so variants train independently: with torch.distributed (`torchrun`, gloo on CPU, nccl on
-GPUs) rank r takes every world-th variant. Each trained variant is saved on its own, so a killed job
-resumes where it stopped.
+GPUs) the slots are shared out by their number of variants, and a rank holds only the slot it trains:
+the current branch (read from the checkpoint), its captured inputs (`activations`) and one variant at a
+time, saved as soon as it is trained. Each trained variant is saved on its own, so a killed job resumes
+where it stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import copy
 import math
 import time
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,24 +24,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tailor.compressor.checkpoint import CheckpointError
-from tailor.compressor.modeling import Branch, Decoder, build_branch, residual
+from tailor.compressor.lazy import LazyDecoder, materialise
+from tailor.compressor.modeling import Branch, HybridLayer, Layer, build_branch, residual
 from tailor.compressor.puzzle import parallel
+from tailor.compressor.puzzle.activations import Progress, slot_file
+from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.plan import Training
 
-Progress = Callable[[str], None]
-
-
-@torch.no_grad()
-def capture_inputs(model: Decoder, sequences: torch.Tensor, batch: int) -> list[torch.Tensor]:
-    """The residual stream entering every slot, [sequences, seq_len, hidden] each."""
-    per_slot: list[list[torch.Tensor]] = [[] for _ in model.slots()]
-    for start in range(0, sequences.shape[0], batch):
-        x = model.embed(sequences[start:start + batch])
-        for slot in model.slots():
-            per_slot[slot.index].append(x)
-            x = model.layer(slot).run_branch(slot.kind, x)
-    return [torch.cat(chunks) for chunks in per_slot]
 
 
 def normalised_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -63,10 +54,11 @@ def save_branch(path: Path, branch: Branch, loss: float) -> None:
     partial.replace(path)
 
 
-def load_branch(path: Path, fresh: Branch) -> Branch:
+def load_branch(path: Path, fresh: Branch, device: torch.device, dtype: torch.dtype) -> Branch:
+    """A saved variant in `fresh` (a branch built on the meta device)."""
     try:
-        state = load_file(path)
-        _modules(fresh).load_state_dict(state)
+        state = {name: tensor.to(device, dtype) for name, tensor in load_file(path).items()}
+        materialise(_modules(fresh), state)
     except (SafetensorError, OSError, RuntimeError) as error:
         raise CheckpointError(f"{path}: cannot resume from this BLD checkpoint ({str(error).splitlines()[0]}); "
                               "delete it to retrain the variant") from error
@@ -106,51 +98,72 @@ def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget:
     return final
 
 
-def run_bld(model: Decoder, variants: list[list[Variant]], sequences: torch.Tensor, budget: Training,
-            folder: Path, seed: int, progress: Progress) -> tuple[dict[tuple[int, str], Branch], dict[str, float]]:
-    """Initialise and train every variant (or resume it from `folder`); every rank returns all of them."""
+def trained(variant: Variant) -> bool:
+    """Whether BLD trains `variant` (the current branch and removal need no training)."""
+    return not variant.is_current and variant.label != "noop"
+
+
+def owned_slots(variants: list[list[Variant]], rank: int, world: int) -> list[int]:
+    """The slots rank `rank` trains: slots dealt largest first to the least loaded rank (by variants)."""
+    load, owner = [0] * world, {}
+    work = sorted(((sum(map(trained, options)), options[0].slot) for options in variants if options),
+                  key=lambda item: (-item[0], item[1]))
+    for count, slot in work:
+        least = min(range(world), key=lambda r: (load[r], r))
+        owner[slot] = least
+        load[least] += count
+    return sorted(slot for slot, r in owner.items() if r == rank and any(map(trained, variants[slot])))
+
+
+def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path, budget: Training,
+            folder: Path, seed: int, progress: Progress) -> dict[str, float]:
+    """Initialise and train every variant of this rank's slots (or resume it from `folder`); after the barrier,
+    every rank returns the final normalised MSE of every trained variant."""
     folder.mkdir(parents=True, exist_ok=True)
-    inputs = capture_inputs(model, sequences, budget.batch)
     slots = model.slots()
-    work = [v for options in variants for v in options if not v.is_current and v.label != "noop"]
     rank, world = parallel.rank_world()
-    mine = work[rank::world]
+    mine = [v for slot in owned_slots(variants, rank, world) for v in variants[slot] if trained(v)]
+    todo = [v for v in mine if not checkpoint_file(folder, v).exists()]
     started = time.monotonic()
-    losses: dict[str, float] = {}
-    for done, variant in enumerate(mine, 1):
-        path = checkpoint_file(folder, variant)
-        if path.exists():
-            continue
-        slot = slots[variant.slot]
-        current = model.layer(slot).branch(slot.kind)
+    for slot_index in sorted({v.slot for v in todo}):
+        slot = slots[slot_index]
+        inputs = load_activations(slot_file(activations, slot.index), "train", model.device)
+        layer = model.layer(slot.layer)
+        current = layer.branch(slot.kind)
         with torch.no_grad():
-            targets = residual(current, inputs[slot.index]) - inputs[slot.index]
-        branch = init_variant(variant, current, inputs[slot.index], model.settings)
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
-        loss = distill(branch, inputs[slot.index], targets, budget, generator)
-        save_branch(path, branch, loss)
-        elapsed = time.monotonic() - started
-        eta = elapsed / done * (len(mine) - done)
-        progress(f"bld: {done}/{len(mine)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
-                 f"{variant.label}: nmse {loss:.4f}, eta {eta:.0f}s")
+            targets = residual(current, inputs) - inputs
+        for variant in (v for v in todo if v.slot == slot_index):
+            branch = init_variant(variant, current, inputs, model.settings)
+            generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
+            loss = distill(branch, inputs, targets, budget, generator)
+            save_branch(checkpoint_file(folder, variant), branch, loss)
+            del branch
+            done = todo.index(variant) + 1
+            eta = (time.monotonic() - started) / done * (len(todo) - done)
+            progress(f"bld: {done}/{len(todo)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
+                     f"{variant.label}: nmse {loss:.4f}, eta {eta:.0f}s")
+        del layer, current, inputs, targets
     parallel.barrier()
-    branches: dict[tuple[int, str], Branch] = {}
-    for options in variants:
-        for variant in options:
-            slot = slots[variant.slot]
-            current = model.layer(slot).branch(slot.kind)
-            if variant.is_current:
-                branches[(variant.slot, variant.label)] = current
-            elif variant.label == "noop":
-                branches[(variant.slot, variant.label)] = None
-            else:
-                path = checkpoint_file(folder, variant)
-                fresh = build_branch(slot.kind, variant.part, model.arch.hidden_size, model.settings)
-                branches[(variant.slot, variant.label)] = load_branch(path, fresh)
-                losses[f"{variant.slot}:{variant.label}"] = _saved_loss(path)
-    return branches, losses
+    return {f"{v.slot}:{v.label}": _saved_loss(checkpoint_file(folder, v))
+            for options in variants for v in options if trained(v)}
+
+
+def variant_branch(model: LazyDecoder, layer: Layer | HybridLayer, variant: Variant, folder: Path) -> Branch:
+    """The branch `variant` puts in its slot: the current one (from `layer`), none, or the trained one."""
+    slot = model.slots()[variant.slot]
+    if variant.is_current:
+        return layer.branch(slot.kind)
+    if variant.label == "noop":
+        return None
+    with torch.device("meta"):
+        fresh = build_branch(slot.kind, variant.part, model.arch.hidden_size, model.settings)
+    return load_branch(checkpoint_file(folder, variant), fresh, model.device, model.dtype)
 
 
 def _saved_loss(path: Path) -> float:
-    with safe_open(str(path), framework="pt") as handle:
-        return float((handle.metadata() or {}).get("nmse", "nan"))
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return float((handle.metadata() or {}).get("nmse", "nan"))
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{path}: cannot resume from this BLD checkpoint ({str(error).splitlines()[0]}); "
+                              "delete it to retrain the variant") from error

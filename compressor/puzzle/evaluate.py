@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
+from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle.scoring import kl_and_loss
+from tailor.compressor.puzzle.scoring import ROWS, kl_and_loss
 
 
 class Quality(BaseModel):
@@ -27,11 +28,15 @@ class Quality(BaseModel):
 
 
 @torch.no_grad()
-def quality(model: Decoder, reference: Decoder, ids: torch.Tensor, batch: int = 8) -> Quality:
+def quality(model: LazyDecoder, reference: LazyDecoder, ids: torch.Tensor) -> Quality:
+    """Both models streamed over `ids` (one layer resident at a time), then compared a few sequences at a time."""
+    finals = [sweep(m, m.embedding()(ids)) for m in (model, reference)]
+    heads = [m.head() for m in (model, reference)]
     kls, losses = [], []
-    for i in range(0, ids.shape[0], batch):
-        chunk = ids[i:i + batch]
-        kl, loss = kl_and_loss(F.log_softmax(reference(chunk).float(), -1), model(chunk), chunk)
+    for i in range(0, ids.shape[0], ROWS):
+        chunk = ids[i:i + ROWS]
+        logits, reference_logits = (head(final[i:i + ROWS]) for head, final in zip(heads, finals, strict=True))
+        kl, loss = kl_and_loss(F.log_softmax(reference_logits.float(), -1), logits, chunk)
         kls.append(kl * chunk.shape[0])
         losses.append(loss * chunk.shape[0])
     n = ids.shape[0]

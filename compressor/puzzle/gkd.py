@@ -2,47 +2,162 @@
 
 Loss = sum over layers of (1 - cos(h_child, h_parent)) + KL(parent || child) on the logits (Puzzle:
 adding the LM loss hurt). The budget is `gkd.tokens` training tokens.
+
+Memory per rank is bounded by sharding, not by the model's size:
+- the child trains sharded across the ranks with PyTorch's FSDP2 (`fully_shard` per layer and at the root):
+  each rank holds 1/world of its parameters, gradients and AdamW states, and one layer whole while it runs.
+  It is built on the meta device and each rank copies in only its shard, one tensor at a time from the files;
+- the parent never trains: each rank streams it once over the rows it will train on (one layer resident),
+  keeping the residual stream after every layer and the parent's LM head for the logits;
+- each step's batch is split across the ranks, and the loss is scaled so the gradients FSDP averages are
+  those of the whole batch: one process and several give the same child.
+The trained child is written layer by layer (each layer gathered whole, written by rank 0).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from tailor.compressor import training
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle.bld import Progress
+from tailor.compressor.checkpoint import read_config
+from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint, sweep
+from tailor.compressor.modeling import Decoder, Rotary
+from tailor.compressor.puzzle import parallel
+from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.plan import Training
 
 
-def layer_states(model: Decoder, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The residual stream after every layer, and the logits."""
-    x = model.embed(ids)
-    states = []
-    for layer in model.layers:
-        x = layer(x)
-        states.append(x)
-    return states, model.head(x)
+class Teacher:
+    """The parent's residual stream after every layer on given rows, and its LM head."""
+
+    def __init__(self, parent: LazyDecoder, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        self.index = {int(row): position for position, row in enumerate(rows)}
+        slots = parent.slots()
+        firsts = {next(s.index for s in slots if s.layer == layer) for layer in range(1, len(parent.arch.blocks))}
+        kept: list[torch.Tensor] = []
+        with torch.no_grad():
+            x = parent.embedding()(ids)
+            final = sweep(parent, x, lambda slot, state: kept.append(state) if slot.index in firsts else None)
+        self.states = [*kept, final]  # after layer 0, 1, ..., the last
+        self.head = parent.head()
+
+    def targets(self, rows: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
+        states = [state[positions] for state in self.states]
+        with torch.no_grad():
+            return states, self.head(states[-1])
 
 
-def gkd_loss(child: Decoder, parent: Decoder, ids: torch.Tensor) -> torch.Tensor:
+def sharded_child(folder: Path, device: torch.device) -> Decoder:
+    """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read shard by shard."""
+    lazy = LazyDecoder(folder, device=device)
+    with torch.device("meta"):
+        child = Decoder(lazy.arch, lazy.settings)
+    for layer in child.layers:
+        fully_shard(layer)
+    fully_shard(child)
+    child.to_empty(device=device)
+    names = {id(p): name for name, p in reversed(list(child.named_parameters(remove_duplicate=False)))}
     with torch.no_grad():
-        parent_states, parent_logits = layer_states(parent, ids)
-    child_states, child_logits = layer_states(child, ids)
-    cosine = sum((1 - F.cosine_similarity(c.float(), p.float(), dim=-1)).mean()
-                 for c, p in zip(child_states, parent_states, strict=True))
-    kl = F.kl_div(F.log_softmax(child_logits.float(), -1), F.log_softmax(parent_logits.float(), -1),
-                  log_target=True, reduction="batchmean") / ids.shape[1]
-    return cosine + kl
+        for param in child.parameters():
+            name = names[id(param)]
+            source = lazy.embedding_name if name == "lm_head.weight" else name
+            full = lazy.tensors([source])[source]
+            assert isinstance(param, DTensor)
+            param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
+            del full
+        for buffer_name, buffer in child.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.copy_(lazy.tensors([buffer_name])[buffer_name])
+        for module in child.modules():
+            if isinstance(module, Rotary):
+                module.inv_freq = module.frequencies(device)
+    return child
 
 
-def distill(child: Decoder, parent: Decoder, train: torch.Tensor, budget: Training, seed: int,
-            progress: Progress) -> list[float]:
-    """Train `child` in place; the loss of every step."""
-    parent.eval()
+def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tensor], teacher_logits: torch.Tensor,
+             scale: float) -> torch.Tensor:
+    """This rank's share of the batch loss: the sums over its rows, times `scale` (world / batch rows)."""
+    states: list[torch.Tensor] = []
+    logits = child(ids, states=states)
+    cosine = sum((1 - F.cosine_similarity(c.float(), p.float(), dim=-1)).mean(-1).sum()
+                 for c, p in zip(states, teacher_states, strict=True))
+    kl = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
+                  reduction="sum") / ids.shape[1]
+    return (cosine + kl) * scale
+
+
+def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: Path, train: torch.Tensor,
+            budget: Training, seed: int, progress: Progress) -> list[float]:
+    """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step."""
+    rank, world = parallel.rank_world()
     steps = max(1, math.ceil(budget.tokens / (budget.batch * train.shape[1])))
-    return training.train(child, lambda ids: gkd_loss(child, parent, ids), train, steps=steps, lr=budget.lr,
-                          batch=budget.batch, seed=seed, warmup=max(1, steps // 10), progress=progress, label="gkd",
-                          bf16=True)
+    generator = torch.Generator().manual_seed(seed)
+    batches = [torch.randint(0, train.shape[0], (budget.batch,), generator=generator) for _ in range(steps)]
+    mine = [rows[rank::world] for rows in batches]
+    needed = torch.unique(torch.cat(mine)) if mine else torch.empty(0, dtype=torch.long)
+    progress(f"gkd: the parent, streamed over {needed.numel()} rows")
+    teacher = Teacher(parent, needed, train[needed])
+    child = sharded_child(child_folder, parent.device)
+    optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    autocast = torch.autocast(parent.device.type, dtype=torch.bfloat16)
+    child.train()
+    losses: list[float] = []
+    started = time.monotonic()
+    for step, rows in enumerate(mine, 1):
+        states, logits = teacher.targets(rows)
+        with autocast:
+            loss = gkd_loss(child, train[rows], states, logits, world / budget.batch)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
+        optimiser.step()
+        schedule.step()
+        total = loss.detach().float() / world
+        if dist.is_initialized():
+            dist.all_reduce(total)
+        losses.append(float(total))
+        if step % 5 == 0 or step == steps:
+            eta = (time.monotonic() - started) / step * (steps - step)
+            progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "
+                     f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
+    del teacher, optimiser
+    _write(child, out, parent_folder, child_folder)
+    return losses
+
+
+@torch.no_grad()
+def _write(child: Decoder, out: Path, parent_folder: Path, child_folder: Path) -> None:
+    """Every rank gathers one layer at a time; rank 0 writes it."""
+    config = read_config(child_folder)
+    prefix = "model" if child.settings.family == "llama" else "backbone"
+    groups: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(len(child.layers) + 1)]
+    for name, value in child.state_dict().items():
+        if child.arch.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        layer = int(name.split(".")[2]) if name.startswith(f"{prefix}.layers.") else len(child.layers)
+        groups[layer].append((name, value))
+
+    def gather(value: torch.Tensor) -> torch.Tensor:
+        return value.full_tensor() if isinstance(value, DTensor) else value
+
+    if parallel.is_main():
+        with sharded_checkpoint(out, {k: v for k, v in config.items() if k != "torch_dtype"}, parent_folder,
+                                len(groups)) as writer:
+            for group in groups:
+                writer.add({name: gather(value) for name, value in group})
+    else:
+        for group in groups:
+            for _, value in group:
+                gather(value)
+    parallel.barrier()

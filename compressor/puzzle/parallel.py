@@ -1,7 +1,7 @@
 """torch.distributed for the stages that split work across processes (`torchrun --nproc-per-node N`).
 
 Rank 0 runs every other stage; the rest wait for it at the barriers. Without torchrun the world is one
-process and every call here is a no-op.
+process, still with a process group (of one), so GKD's FSDP2 runs the same code either way.
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ TIMEOUT = datetime.timedelta(hours=6)  # rank 0 scores and searches alone while 
 
 
 def init() -> None:
-    """Join the process group torchrun describes (gloo on CPU, nccl on GPUs); nothing without torchrun."""
-    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    """Join the process group torchrun describes (gloo on CPU, nccl on GPUs), or make one of this process."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, timeout=TIMEOUT)
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)
 
 
 def rank_world() -> tuple[int, int]:
@@ -37,6 +41,15 @@ def is_main() -> bool:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def broadcast(value: str) -> str:
+    """Rank 0's `value` on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
 
 
 def finish() -> None:

@@ -2,14 +2,18 @@
 
     out/stages/manifest.json          fingerprints: parent + library settings (must match to resume), target
     out/stages/round{r}/library.json  1. variants per slot
+    out/stages/round{r}/activations/  2a. the residual stream entering every slot (BLD and scoring rows)
     out/stages/round{r}/bld/          2. one safetensors file per trained variant
     out/stages/round{r}/scores.json   3. replace-1-block KL and LM loss per variant
     out/stages/round{r}/costs.json    4. cost of every variant on the target
     out/stages/round{r}/search.json   5. the MIP's solutions
-    out/stages/round{r}/child/        6.+7. the assembled child after GKD (input of round r+1)
+    out/stages/round{r}/assembled/    6. the assembled child
+    out/stages/round{r}/child/        7. the child after GKD (input of round r+1)
     out/child/, out/pareto.{json,png}, out/report.{json,md}   written last; report.json marks a finished run
 
-Rank 0 of a torchrun job does everything except BLD, which all ranks share.
+No stage holds a whole model unless it fits `budgetGiB`: models are read layer by layer from their files
+(`lazy.LazyDecoder`). Under torchrun, BLD and scoring split the slots across the ranks and GKD shards the
+child across them (FSDP2); rank 0 captures activations, searches, assembles and evaluates, streaming.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ from typing import Any
 import torch
 
 from tailor.compressor import sources, tiny_hybrid
-from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, save_decoder
-from tailor.compressor.files import write_json, write_text
+from tailor.compressor.checkpoint import CheckpointError, read_config
+from tailor.compressor.architecture import Architecture
+from tailor.compressor.files import staged_folder, write_json, write_text
+from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.measure import MeasuredCosts, decode_step_seconds
 from tailor.compressor.memory import recipe_for, weight_bytes
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle import gkd, parallel
+from tailor.compressor.puzzle import activations, gkd, parallel
 from tailor.compressor.puzzle.assembly import assemble
 from tailor.compressor.puzzle.bld import run_bld
 from tailor.compressor.puzzle.data import Splits, load_splits
@@ -42,7 +47,7 @@ from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
-from tailor.compressor.puzzle.scoring import Score, score_variants
+from tailor.compressor.puzzle.scoring import Score, gather_scores, score_variants
 from tailor.compressor.puzzle.search import Candidate, limits_for, pareto, solve
 
 
@@ -91,7 +96,7 @@ def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
         base.update(f"{weights.name}:{weights.stat().st_size}".encode())
     library = base.copy()
     library.update(plan.model_dump_json(include=LIBRARY_FIELDS).encode())
-    target = hashlib.sha256(plan.model_dump_json(exclude=LIBRARY_FIELDS).encode())
+    target = hashlib.sha256(plan.model_dump_json(exclude=LIBRARY_FIELDS | {"budget_gib"}).encode())
     return {"library": library.hexdigest()[:16], "target": target.hexdigest()[:16]}
 
 
@@ -110,7 +115,8 @@ def _check_manifest(stages: Path, plan: Plan, parent: Path, log: Log) -> None:
             log("the target, GKD or search settings changed: recomputing costs, search, assembly and GKD")
             for stale in ("costs.json", "search.json", "round.json"):
                 (stages / "round1" / stale).unlink(missing_ok=True)
-            shutil.rmtree(stages / "round1" / "child", ignore_errors=True)
+            for child in ("assembled", "child"):
+                shutil.rmtree(stages / "round1" / child, ignore_errors=True)
             for later in stages.glob("round*"):
                 if later.name != "round1":
                     shutil.rmtree(later)
@@ -126,16 +132,20 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: corrupt saved stage ({error}); delete it to recompute that stage") from error
 
 
-def _figures(model: Decoder, parent: Decoder, splits: Splits, plan: Plan) -> ModelFigures:
+def fits(arch: Architecture, plan: Plan) -> bool:
+    """Whether a whole model may be loaded to time its decoding: float32 weights and a BF16 copy in the budget."""
+    return plan.budget_gib is None or 6 * arch.total_params < plan.budget_gib * 2**30
+
+
+def _figures(model: LazyDecoder, parent: LazyDecoder, splits: Splits, plan: Plan) -> ModelFigures:
     arch = model.arch
     target = plan.target
+    speed = decode_tokens_per_second(model.load(), target.batch, min(target.context, plan.measure_context),
+                                     plan.measure_tokens) if fits(arch, plan) else None
     return ModelFigures(
         params=arch.total_params, active_params=arch.active_param_count,
         weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
-        quality=quality(model, parent, splits.evaluation),
-        decode_tokens_per_second=decode_tokens_per_second(model, target.batch, min(target.context,
-                                                                                     plan.measure_context),
-                                                           plan.measure_tokens))
+        quality=quality(model, parent, splits.evaluation), decode_tokens_per_second=speed)
 
 
 class Round:
@@ -147,7 +157,7 @@ class Round:
     def _stage(self, name: str) -> Any:
         return self.log.stage(f"round{self.number}.{name}")
 
-    def library(self, current: Decoder, parent: Decoder) -> list[list[Variant]]:
+    def library(self, current: LazyDecoder, parent: LazyDecoder) -> list[list[Variant]]:
         parent_parts = [slot.part for slot in parent.slots()]
         with self._stage("library"):
             variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library, self.plan.engine)
@@ -156,15 +166,20 @@ class Round:
                 write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])
         return variants
 
-    def scores(self, current: Decoder, variants: list[list[Variant]], branches: Any,
-               splits: Splits) -> dict[str, Score]:
+    def scores(self, current: LazyDecoder, variants: list[list[Variant]], splits: Splits) -> dict[str, Score]:
         path = self.folder / "scores.json"
         known = {k: Score.model_validate(v) for k, v in _read_json(path).items()} if path.exists() else {}
         with self._stage("scoring"):
-            scores = score_variants(current, variants, branches, splits.scoring, known, self.log)
-            if scores.keys() != known.keys():
-                write_json(path, {k: v.model_dump() for k, v in scores.items()})
-        return scores
+            mine = score_variants(current, variants, self.folder / "bld", self.folder / "activations",
+                                  splits.scoring, known, self.log, self._streams(current, splits))
+            return gather_scores(path, mine, known)
+
+    def _streams(self, current: LazyDecoder, splits: Splits) -> int:
+        """Variant streams one scoring sweep may hold: a quarter of the budget (all of them without one)."""
+        if self.plan.budget_gib is None:
+            return 10**6
+        stream = splits.scoring.numel() * current.arch.hidden_size * 4
+        return max(1, int(self.plan.budget_gib * 2**30 / 4 // stream))
 
     def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
         path = self.folder / "costs.json"
@@ -191,7 +206,7 @@ class Round:
         return chosen, summary, candidates
 
 
-def _parent_price(pricer: Pricer, parent: Decoder) -> Price:
+def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:
     return Price.total([pricer.fixed, *(pricer.price(slot.part, slot.kind) for slot in parent.slots())])
 
 
@@ -202,10 +217,11 @@ def compress(plan: Plan, out: Path) -> Report | None:
     torch.manual_seed(plan.seed)
     device = torch.device("cuda" if plan.device == "auto" and torch.cuda.is_available() else
                           "cpu" if plan.device == "auto" else plan.device)
-    parent_dir = resolve_parent(plan.parent)
+    parent_dir = resolve_parent(plan.parent) if parallel.is_main() else None
+    parent_dir = Path(parallel.broadcast(str(parent_dir)))  # rank 0 fetches a built-in parent once
     stages = out / "stages"
     with log.stage("load"):
-        parent = load_decoder(parent_dir).to(device).eval()
+        parent = LazyDecoder(parent_dir, device=device)
         _check_manifest(stages, plan, parent_dir, log)
         plan = plan.model_copy(update={"target": plan.target.for_parent(parent.arch.total_params,
                                                                         parent.arch.active_param_count)})
@@ -217,12 +233,15 @@ def compress(plan: Plan, out: Path) -> Report | None:
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
     pricer = Pricer(parent.arch, plan.target, MeasuredCosts(dev=device) if source is CostSource.MEASURED else None)
     with log.stage("costs.parent"):
-        if source is CostSource.MEASURED:
-            whole = decode_step_seconds(parent, plan.target.batch, plan.target.context)
+        if source is CostSource.MEASURED and fits(parent.arch, plan):
+            whole = decode_step_seconds(parent.load(), plan.target.batch, plan.target.context)
             blocks = sum(pricer.price(slot.part, slot.kind).decode_s for slot in parent.slots())
             pricer.calibrate_decode(whole, blocks)
             log(f"costs: a parent decode step takes {whole * 1e3:.2f} ms, its blocks {blocks * 1e3:.2f} ms when timed "
                 f"alone; the rest ({pricer.fixed.decode_s * 1e3:.2f} ms) is the fixed cost")
+        elif source is CostSource.MEASURED:
+            log("costs: the parent does not fit budgetGiB whole, so its decode step is not timed; the fixed cost is "
+                "the LM head's, timed alone")
         fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
     parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
     current, rounds = parent, []
@@ -235,31 +254,36 @@ def compress(plan: Plan, out: Path) -> Report | None:
         variants = step.library(current, parent)
         if (finished / "config.json").exists() and (folder / "round.json").exists():
             log(f"round {number}: resuming from {finished}")
-            current = load_decoder(finished).to(device).eval()
+            current = LazyDecoder(finished, device=device)
             rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
             continue
+        with log.stage(f"round{number}.capture"):
+            activations.capture(current, splits.train[:bld_rows], splits.scoring, folder / "activations", log)
         with log.stage(f"round{number}.bld"):
-            branches, nmse = run_bld(current, variants, splits.train[:bld_rows], plan.bld, folder / "bld", plan.seed,
-                                     log)
+            nmse = run_bld(current, variants, folder / "activations", plan.bld, folder / "bld", plan.seed, log)
+        scores = step.scores(current, variants, splits)
+        summary: dict[str, Any] = {}
         if parallel.is_main():
-            scores = step.scores(current, variants, branches, splits)
             prices = step.costs(pricer, variants)
             chosen, summary, candidates = step.search(variants, scores, prices, fixed, parent_price)
             with log.stage(f"round{number}.assembly"):
-                child = assemble(current, chosen, branches)
-            budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
-            with log.stage(f"round{number}.gkd"):
-                losses = gkd.distill(child, parent, splits.train, budget, plan.seed + number, log)
+                assemble(current, chosen, folder / "bld", folder / "assembled", parent_dir)
+        parallel.barrier()
+        budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
+        with log.stage(f"round{number}.gkd"):
+            losses = gkd.distill(folder / "assembled", finished, parent, parent_dir, splits.train, budget,
+                                 plan.seed + number, log)
+        if parallel.is_main():
             summary_model = RoundSummary(
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",
                                                                  "active_params"}),
                 achieved=summary["achieved"], score=summary["score"], alternatives=summary["alternatives"],
                 gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
                 bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)
-            save_decoder(child, finished, parent_dir)
             write_json(folder / "round.json", summary_model.model_dump())
+            shutil.rmtree(folder / "activations")
         parallel.barrier()
-        current = load_decoder(finished).to(device).eval()
+        current = LazyDecoder(finished, device=device)
         rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
     if not parallel.is_main():
         parallel.finish()
@@ -270,7 +294,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
     return report
 
 
-def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: Path, splits: Splits, pricer: Pricer,
+def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, parent_dir: Path, splits: Splits,
+            pricer: Pricer,
             fixed: Price, parent_price: Price, candidates: list[list[Candidate]], rounds: list[RoundSummary],
             log: Log, cost_source: str) -> Report:
     with log.stage("evaluation"):
@@ -282,13 +307,17 @@ def _finish(plan: Plan, out: Path, parent: Decoder, child: Decoder, parent_dir: 
             front = pareto(candidates, fixed, plan.target, parent_price)
             write_json(out / "pareto.json", front)
             _plot_pareto(front, out / "pareto.png", rounds[-1] if rounds else None, parent_price, child_price)
-    save_decoder(child, out / "child", parent_dir)
+    with staged_folder(out / "child") as staging:
+        shutil.copytree(child.folder, staging, dirs_exist_ok=True)
     report = Report(
         plan=plan.model_dump(mode="json", by_alias=True), parent=parent_figures, child=child_figures,
         cost_source=cost_source, predicted_speedup=parent_price.decode_s / child_price.decode_s,
-        measured_speedup=child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
-        measured_on=f"this machine ({parent.embedding.weight.device.type}, BF16) at batch {plan.target.batch} with "
-                    f"{min(plan.target.context, plan.measure_context)} cached tokens",
+        measured_speedup=None if child_figures.decode_tokens_per_second is None or
+        parent_figures.decode_tokens_per_second is None else
+        child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
+        measured_on=f"this machine ({parent.device.type}, BF16) at batch {plan.target.batch} with "
+                    f"{min(plan.target.context, plan.measure_context)} cached tokens" if fits(parent.arch, plan) else
+                    "not measured: the parent does not fit budgetGiB whole",
         kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
         blocks=[{kind: part_label(part) if part is not None else "" for kind, part in (("mixer", b.mixer),

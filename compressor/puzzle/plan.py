@@ -164,6 +164,11 @@ class Plan(_Spec):
     rounds: int = Field(1, ge=1, le=10, description="Iterative Puzzle rounds; each meets a share of the target.")
     solutions: int = Field(3, ge=1, le=16, description="Distinct MIP solutions to return (diversity constraints).")
     diversity: float = Field(0.8, gt=0, lt=1, description="Share of blocks a further solution may share.")
+    budget_gib: float | None = Field(None, gt=0, le=100_000, alias="budgetGiB",
+                                     description="Memory per rank (GiB) the stages plan for: scoring sizes its sweeps "
+                                                 "to it, and a whole model is loaded (to time its decoding) only "
+                                                 "when it fits; the dry run checks every stage against it. Default: "
+                                                 "no limit.")
     seed: int = Field(0, ge=0, le=2**31 - 1)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")

@@ -17,7 +17,7 @@ class ModelFigures(BaseModel):
     weight_bytes: int  # under the target precision's recipe
     pattern: str  # one code per sub-layer: * attention, M Mamba, - MLP, E MoE, L linear, 0 removed
     quality: Quality
-    decode_tokens_per_second: float
+    decode_tokens_per_second: float | None  # None: the model does not fit budgetGiB whole
 
 
 class RoundSummary(BaseModel):
@@ -37,7 +37,7 @@ class Report(BaseModel):
     child: ModelFigures
     cost_source: str
     predicted_speedup: float  # decode, from the search's cost model
-    measured_speedup: float  # decode, same harness for both
+    measured_speedup: float | None  # decode, same harness for both; None where not measured
     measured_on: str  # where and at what workload the measured figures were taken
     kl_to_parent: float
     perplexity_ratio: float
@@ -57,8 +57,8 @@ class Report(BaseModel):
             f"| weight bytes | {p.weight_bytes:,} | {c.weight_bytes:,} | {c.weight_bytes / p.weight_bytes:.3f} |",
             f"| held-out perplexity | {p.quality.perplexity:.3f} | {c.quality.perplexity:.3f} | "
             f"{self.perplexity_ratio:.3f} |",
-            f"| decode tokens/s (measured) | {p.decode_tokens_per_second:.1f} | {c.decode_tokens_per_second:.1f} | "
-            f"{self.measured_speedup:.3f} |", "",
+            f"| decode tokens/s (measured) | {_figure(p.decode_tokens_per_second, '.1f')} | "
+            f"{_figure(c.decode_tokens_per_second, '.1f')} | {_figure(self.measured_speedup, '.3f')} |", "",
             f"Measured on {self.measured_on}.", "",
             f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
             f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
@@ -84,3 +84,7 @@ def compress_result(report: Report, child: Path) -> CompressResult:
                           pattern=report.child.pattern, predicted_speedup=report.predicted_speedup,
                           kl_to_parent=report.kl_to_parent,
                           config=pack_config(json.loads((child / "config.json").read_text())))
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "not measured" if value is None else format(value, spec)

@@ -1,21 +1,33 @@
 """Stage 3, replace-1-block scoring: each variant alone in the otherwise unchanged current model.
 
 The score is KL(current || with the variant) of next-token distributions, per token, on held-out
-text; the LM loss is recorded too. The residual stream entering every slot and the reference
-log-probabilities are computed once, so a variant costs the slots after it plus the LM head.
+text; the LM loss is recorded too. The residual stream entering every slot and after the last one
+were captured once (`activations`). Each rank scores the slots it owns (every world-th) in sweeps over
+the layers, one layer resident at a time: a variant's stream starts at its slot and is carried through
+the current layers after it, so a sweep reads each layer once for all its variants. A sweep holds at
+most `streams` variant streams (the memory budget decides), then the logits come from the LM head, a few
+sequences at a time.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
-from tailor.compressor.modeling import Branch, Decoder, residual
-from tailor.compressor.puzzle.bld import Progress, capture_inputs
+from tailor.compressor.lazy import LazyDecoder
+from tailor.compressor.modeling import residual
+from tailor.compressor.puzzle import parallel
+from tailor.compressor.puzzle.activations import FINAL, Progress, slot_file
+from tailor.compressor.puzzle.activations import load as load_activations
+from tailor.compressor.puzzle.bld import variant_branch
 from tailor.compressor.puzzle.library import Variant
+
+ROWS = 8  # sequences per call of a layer or the head
 
 
 class Score(BaseModel):
@@ -32,32 +44,96 @@ def kl_and_loss(reference_logprobs: torch.Tensor, logits: torch.Tensor, ids: tor
     return float(kl), float(loss)
 
 
+def _chunked(run: object, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([run(x[i:i + ROWS]) for i in range(0, x.shape[0], ROWS)])  # type: ignore[operator]
+
+
 @torch.no_grad()
-def score_variants(model: Decoder, variants: list[list[Variant]], branches: dict[tuple[int, str], Branch],
-                   ids: torch.Tensor, known: dict[str, Score], progress: Progress,
-                   batch: int = 8) -> dict[str, Score]:
-    """Scores keyed "slot:label"; entries already in `known` are kept, not recomputed."""
-    inputs = capture_inputs(model, ids, batch)
-    reference = torch.cat([F.log_softmax(model.head(model.run_slots(inputs[0][i:i + batch])).float(), -1)
-                           for i in range(0, ids.shape[0], batch)])
-    scores = dict(known)
-    todo = [v for options in variants for v in options if f"{v.slot}:{v.label}" not in scores]
-    started = time.monotonic()
-    for done, variant in enumerate(todo, 1):
-        if variant.is_current:
-            _, loss = kl_and_loss(reference, reference, ids)
-            scores[f"{variant.slot}:{variant.label}"] = Score(kl=0.0, lm_loss=loss)
-            continue
-        branch = branches[(variant.slot, variant.label)]
-        kls, losses = [], []
-        for i in range(0, ids.shape[0], batch):
-            x = residual(branch, inputs[variant.slot][i:i + batch])
-            logits = model.head(model.run_slots(x, variant.slot + 1))
-            kl, loss = kl_and_loss(reference[i:i + batch], logits, ids[i:i + batch])
-            kls.append(kl)
-            losses.append(loss)
-        scores[f"{variant.slot}:{variant.label}"] = Score(kl=sum(kls) / len(kls), lm_loss=sum(losses) / len(losses))
-        if done % 10 == 0 or done == len(todo):
-            eta = (time.monotonic() - started) / done * (len(todo) - done)
-            progress(f"scoring: {done}/{len(todo)} variants, eta {eta:.0f}s")
+def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path, activations: Path, ids: torch.Tensor,
+                   known: dict[str, Score], progress: Progress, streams: int) -> dict[str, Score]:
+    """Scores keyed "slot:label" of this rank's slots; entries already in `known` are kept, not recomputed."""
+    rank, world = parallel.rank_world()
+    head = model.head()
+    reference_state = load_activations(activations / FINAL, "scoring", model.device)
+    reference = _chunked(lambda x: F.log_softmax(head(x).float(), -1), reference_state)
+    del reference_state
+    scores: dict[str, Score] = {}
+    mine = [v for options in variants for v in options if v.slot % world == rank]
+    for variant in mine:
+        key = f"{variant.slot}:{variant.label}"
+        if key in known:
+            scores[key] = known[key]
+        elif variant.is_current:
+            scores[key] = Score(kl=0.0, lm_loss=kl_and_loss(reference, reference, ids)[1])
+    todo = [v for v in mine if f"{v.slot}:{v.label}" not in scores]
+    started, done = time.monotonic(), 0
+    for first in range(0, len(todo), streams):
+        group = todo[first:first + streams]
+        for key, state in _sweep(model, group, bld, activations).items():
+            scores[key] = _score(head, reference, state, ids)
+            done += 1
+        eta = (time.monotonic() - started) / done * (len(todo) - done)
+        progress(f"scoring: {done}/{len(todo)} variants, eta {eta:.0f}s")
     return scores
+
+
+def _score(head: torch.nn.Module, reference: torch.Tensor, state: torch.Tensor, ids: torch.Tensor) -> Score:
+    """KL and LM loss of the model whose last residual stream is `state`, a few sequences at a time."""
+    kl = loss = 0.0
+    for i in range(0, ids.shape[0], ROWS):
+        part_kl, part_loss = kl_and_loss(reference[i:i + ROWS], head(state[i:i + ROWS]), ids[i:i + ROWS])
+        rows = ids[i:i + ROWS].shape[0]
+        kl, loss = kl + part_kl * rows, loss + part_loss * rows
+    return Score(kl=kl / ids.shape[0], lm_loss=loss / ids.shape[0])
+
+
+def _sweep(model: LazyDecoder, group: list[Variant], bld: Path, activations: Path) -> dict[str, torch.Tensor]:
+    """The residual stream after the last slot with each variant of `group` in its slot, keyed "slot:label"."""
+    slots = model.slots()
+    streams: dict[str, torch.Tensor] = {}
+    start = min(v.slot for v in group)
+    for layer_index in range(slots[start].layer, len(model.arch.blocks)):
+        layer = model.layer(layer_index)
+        for slot in (s for s in slots if s.layer == layer_index and s.index >= start):
+            current = layer.branch(slot.kind)
+            for key in streams:
+                streams[key] = _chunked(lambda x, b=current: residual(b, x), streams[key])
+            starting = [v for v in group if v.slot == slot.index]
+            if starting:
+                inputs = load_activations(slot_file(activations, slot.index), "scoring", model.device)
+                for variant in starting:
+                    branch = variant_branch(model, layer, variant, bld)
+                    streams[f"{variant.slot}:{variant.label}"] = _chunked(lambda x, b=branch: residual(b, x), inputs)
+        del layer
+    return streams
+
+
+def gather_scores(path: Path, mine: dict[str, Score], known: dict[str, Score]) -> dict[str, Score]:
+    """Every rank's scores, merged into `path` by rank 0 (each rank writes its own file first) unless they are
+    the `known` ones already there."""
+    rank, world = parallel.rank_world()
+    part = path.with_name(f"{path.stem}.rank{rank}.json")
+    write_scores(part, mine)
+    parallel.barrier()
+    merged: dict[str, Score] = {}
+    for r in range(world):
+        other = path.with_name(f"{path.stem}.rank{r}.json")
+        merged.update({k: Score.model_validate(v) for k, v in json.loads(other.read_text()).items()})
+    parallel.barrier()
+    if rank == 0:
+        if merged.keys() != known.keys():
+            write_scores(path, merged)
+        for r in range(world):
+            path.with_name(f"{path.stem}.rank{r}.json").unlink()
+    return merged
+
+
+def write_scores(path: Path, scores: dict[str, Score]) -> None:
+    from tailor.compressor.files import write_json
+
+    write_json(path, {k: v.model_dump() for k, v in sorted(scores.items(), key=lambda kv: _order(kv[0]))})
+
+
+def _order(key: str) -> tuple[int, str]:
+    slot, label = key.split(":", 1)
+    return int(slot), label

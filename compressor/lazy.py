@@ -1,0 +1,230 @@
+"""Models too large for one process: a checkpoint read block by block, and a checkpoint written block by block.
+
+`LazyDecoder` opens a checkpoint folder without loading it: the model's skeleton is built on the meta device
+(its slots, its layers' shapes), and `layer(i)` builds one layer with its weights read from the safetensors
+files (memory-mapped, only that layer's tensors) in the compute dtype. A caller holds one layer at a time, so a
+pass over the whole model needs the memory of its largest layer, its embedding or head, and the activations.
+`sweep` is that pass. `ShardedWriter` writes a model the same way: one safetensors file per layer and
+`model.safetensors.index.json`, the Hugging Face layout for sharded checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from tailor.compressor.architecture import ConfigError, architecture_from_config
+from tailor.compressor.checkpoint import (
+    DECILM_CONFIG_FILE,
+    LLAMA_TYPES,
+    NEMOTRON_H_TYPES,
+    SUPPORTED,
+    TOKENIZER_FILES,
+    CheckpointError,
+    read_config,
+    settings_from_config,
+)
+from tailor.compressor.files import staged_folder
+from tailor.compressor.modeling import Decoder, HybridLayer, Layer, Rotary, Slot
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def weight_map(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (from the index, or each file's header)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            names = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{index}: unreadable index ({error})") from error
+        return {name: folder / file for name, file in names.items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors weights in the model folder")
+    found: dict[str, Path] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                found.update(dict.fromkeys(handle.keys(), file))
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
+    return found
+
+
+def materialise(module: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """`module` (built on the meta device) holding `tensors`; its rotary frequencies recomputed."""
+    module.load_state_dict(tensors, strict=True, assign=True)
+    device = next(iter(tensors.values())).device if tensors else None
+    for sub in module.modules():
+        if isinstance(sub, Rotary):
+            sub.inv_freq = sub.frequencies(device)
+    return module
+
+
+class LazyDecoder:
+    """A checkpoint folder as a `Decoder` whose layers are read one at a time."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
+        self.folder, self.dtype, self.device = folder, dtype, device or torch.device("cpu")
+        self.config = read_config(folder)
+        source = str(folder / "config.json")
+        if self.config.get("model_type") not in LLAMA_TYPES + NEMOTRON_H_TYPES:
+            raise CheckpointError(f"{source}: field 'model_type' is {self.config.get('model_type')!r}; supported: "
+                                  f"{SUPPORTED}")
+        if "quantization_config" in self.config:
+            raise CheckpointError(f"{folder}: a quantized checkpoint; it is read whole (checkpoint.load_decoder)")
+        try:
+            self.arch = architecture_from_config(self.config, source)
+        except ConfigError as error:
+            raise CheckpointError(str(error)) from error
+        self.settings = settings_from_config(self.config, source)
+        with torch.device("meta"):
+            self.skeleton = Decoder(self.arch, self.settings)
+        self.files = weight_map(folder)
+        self.shapes = {name: tuple(t.shape) for name, t in self.skeleton.state_dict().items()}
+        expected = {name for name in self.shapes if not (self.arch.tie_word_embeddings and name == "lm_head.weight")}
+        missing = sorted(expected - set(self.files))
+        if missing:
+            raise CheckpointError(f"{folder}: weights do not match config.json (missing: {', '.join(missing[:4])}"
+                                  f"{' ...' if len(missing) > 4 else ''})")
+
+    @property
+    def family_prefix(self) -> str:
+        return "model" if self.settings.family == "llama" else "backbone"
+
+    def slots(self) -> list[Slot]:
+        return self.skeleton.slots()
+
+    def tensors(self, names: list[str], strip: str = "") -> dict[str, torch.Tensor]:
+        """The named tensors, read from their files in the compute dtype; `strip` removed from the names."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.files[name], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, wanted in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    for name in wanted:
+                        tensor = handle.get_tensor(name)
+                        if tuple(tensor.shape) != self.shapes[name]:
+                            raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
+                                                  f"config.json gives {self.shapes[name]}")
+                        keep = tensor.dtype if name.endswith("e_score_correction_bias") else self.dtype
+                        out[name.removeprefix(strip)] = tensor.to(self.device, keep)
+            except (SafetensorError, OSError) as error:
+                raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
+        return out
+
+    def layer_prefix(self, index: int) -> str:
+        return f"{self.family_prefix}.layers.{index}."
+
+    def layer(self, index: int) -> Layer | HybridLayer:
+        """Layer `index` with its weights: the caller drops it when done."""
+        prefix = self.layer_prefix(index)
+        module = self.skeleton.layers[index]
+        names = [f"{prefix}{name}" for name in module.state_dict()]
+        fresh = _rebuild(module)
+        materialise(fresh, self.tensors(names, strip=prefix))
+        assert isinstance(fresh, Layer | HybridLayer)
+        return fresh
+
+    @property
+    def embedding_name(self) -> str:
+        return f"{self.family_prefix}.{'embed_tokens' if self.settings.family == 'llama' else 'embeddings'}.weight"
+
+    def embedding(self) -> nn.Embedding:
+        return nn.Embedding.from_pretrained(self.tensors([self.embedding_name])[self.embedding_name], freeze=True)
+
+    def head(self) -> nn.Sequential:
+        """The final norm and the LM head: hidden states -> logits."""
+        norm = _rebuild(self.skeleton.final_norm)
+        norm_name = f"{self.family_prefix}.{'norm' if self.settings.family == 'llama' else 'norm_f'}."
+        materialise(norm, self.tensors([f"{norm_name}weight"], strip=norm_name))
+        lm_head = _rebuild(self.skeleton.lm_head)
+        name = self.embedding_name if self.arch.tie_word_embeddings else "lm_head.weight"
+        materialise(lm_head, {"weight": self.tensors([name])[name]})
+        return nn.Sequential(norm, lm_head).eval()
+
+    def load(self) -> Decoder:
+        """The whole model, for what needs it resident (timing a decode step); only for models that fit."""
+        decoder = _rebuild(self.skeleton)
+        assert isinstance(decoder, Decoder)
+        tensors = self.tensors([name for name in self.shapes if name != "lm_head.weight" or
+                                not self.arch.tie_word_embeddings])
+        if self.arch.tie_word_embeddings:
+            tensors["lm_head.weight"] = tensors[self.embedding_name]
+        materialise(decoder, tensors)
+        if self.arch.tie_word_embeddings:
+            decoder.lm_head.weight = decoder.embedding.weight
+        return decoder.eval()
+
+
+def _rebuild(module: nn.Module) -> nn.Module:
+    """A meta-device copy of a skeleton module (so the skeleton itself stays weightless)."""
+    import copy
+
+    return copy.deepcopy(module)
+
+
+def sweep(model: LazyDecoder, x: torch.Tensor, visit: Callable[[Slot, torch.Tensor], None] | None = None,
+          start: int = 0, rows: int = 8) -> torch.Tensor:
+    """The residual stream `x` (entering slot `start`) through the rest of the model, one layer resident at a
+    time, `rows` sequences per call; `visit(slot, x)` sees the stream entering every slot."""
+    slots = model.slots()[start:]
+    for layer_index in sorted({slot.layer for slot in slots}):
+        layer = model.layer(layer_index)
+        with torch.no_grad():
+            for slot in (s for s in slots if s.layer == layer_index):
+                if visit is not None:
+                    visit(slot, x)
+                x = torch.cat([layer.run_branch(slot.kind, x[i:i + rows]) for i in range(0, x.shape[0], rows)])
+        del layer
+    return x
+
+
+class ShardedWriter:
+    """Writes a checkpoint folder one group of tensors at a time (one file per layer), staged then renamed."""
+
+    def __init__(self, staging: Path, shards: int) -> None:
+        self.staging, self.shards, self.count = staging, shards, 0
+        self.index: dict[str, str] = {}
+        self.total = 0
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.count += 1
+        name = f"model-{self.count:05d}-of-{self.shards:05d}.safetensors"
+        state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+        save_file(state, self.staging / name, metadata={"format": "pt"})
+        self.index.update(dict.fromkeys(state, name))
+        self.total += sum(t.numel() * t.element_size() for t in state.values())
+
+    def finish(self) -> None:
+        if self.count != self.shards:
+            raise RuntimeError(f"wrote {self.count} of {self.shards} shards")
+        (self.staging / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": self.total},
+                                                           "weight_map": self.index}, indent=2) + "\n")
+
+
+@contextmanager
+def sharded_checkpoint(folder: Path, config: dict[str, Any], tokenizer_from: Path, shards: int) -> Iterator[ShardedWriter]:
+    """A checkpoint folder written shard by shard: config, tokenizer files, then the writer's shards."""
+    with staged_folder(folder) as staging:
+        writer = ShardedWriter(staging, shards)
+        yield writer
+        writer.finish()
+        (staging / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (tokenizer_from / name).exists():
+                shutil.copy2(tokenizer_from / name, staging / name)
+        if config.get("model_type") == "nemotron-nas":
+            shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), staging / DECILM_CONFIG_FILE)

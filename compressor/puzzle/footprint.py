@@ -1,0 +1,286 @@
+"""What each stage of `tailor compress` needs per rank: peak memory and an estimated time.
+
+A model of the pipeline as it runs in bounded memory per rank: frozen weights are streamed one block at a time,
+residual streams are float32, and the stages that all ranks share split their work over them. Each term is a
+small named function so that it can follow the pipeline when that changes. `tailor compress --dry-run` prints
+it; the operator checks it before it creates the compression Job. No torch here: the operator imports it.
+
+The child is only known after the search, so the terms that depend on it use an upper bound (`child_share`).
+Times are estimated from FLOPs at an assumed model FLOPs utilisation (`MFU`), not measured.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tailor.compressor.architecture import Architecture, Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.hardware import GpuProfile, Precision
+from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.serving.engines import Engine
+
+GIB = 1024**3
+MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
+MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
+LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring and evaluating
+GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
+CPU_RUNTIME_GIB = 0.5  # assumption: the Python and torch runtime per rank on a CPU
+ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
+               f"each rank's runtime overhead is assumed: {GPU_RUNTIME_GIB:g} GiB on a GPU, {CPU_RUNTIME_GIB:g} GiB "
+               "on a CPU",
+               "the child's parameters are bounded by the target's tightest share of the parent's; the child is "
+               "only known after the search")
+
+StageName = Literal["capture", "bld", "scoring", "assembly", "gkd", "evaluation"]
+Ranks = Literal["all", "rank 0"]
+
+
+class StageNeed(BaseModel):
+    """One stage's peak memory per rank, what it is made of, and its estimated time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: StageName
+    ranks: Ranks = Field(description="Whether every rank runs the stage or rank 0 alone.")
+    peak_bytes: int = Field(description="Peak memory per rank: the sum of `parts`.")
+    parts: dict[str, int] = Field(description="What the peak is made of, in bytes.")
+    seconds: float = Field(description="Estimated from the FLOPs at MFU, not measured.")
+
+
+class Footprint(BaseModel):
+    """The stages' needs on one placement (ranks = GPUs per node x nodes) against the memory per rank."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    on_cpu: bool = Field(description="The `cpu` family: ranks are processes sharing the host's RAM.")
+    gpus_per_node: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    budget_bytes: int = Field(description="Memory per rank: the GPU's, or the stated budget.")
+    budget_stated: bool = Field(description="The budget was stated (--memory-budget or the plan's budgetGiB), "
+                                            "not the profile's memory.")
+    stages: list[StageNeed]
+    fitting_nodes: int | None = Field(description="The fewest nodes (same GPUs per node) on which every stage fits; "
+                                                  f"None when none up to {MAX_NODES} does.")
+    assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
+
+    @property
+    def ranks(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def fits(self) -> bool:
+        return all(need.peak_bytes <= self.budget_bytes for need in self.stages)
+
+    def shortfalls(self, nodes_setting: str = "--nodes") -> list[str]:
+        """One message per stage that does not fit, naming it and the shortfall; `nodes_setting` is what the
+        advice calls the node count (a CLI flag or a spec field)."""
+        has = (f"the budget is {self.budget_bytes / GIB:.1f} GiB per rank" if self.budget_stated
+               else f"the {self.gpu} has {self.budget_bytes / GIB:.1f} GiB")
+        if self.fitting_nodes is not None:
+            advice = f"try {nodes_setting} {self.fitting_nodes}"
+        else:
+            advice = f"no node count up to {MAX_NODES} fits it; try a GPU with more memory"
+        messages = []
+        for need in self.stages:
+            short = need.peak_bytes - self.budget_bytes
+            if short > 0:
+                where = "per rank" if need.ranks == "all" else "on rank 0"
+                biggest = max(need.parts, key=lambda part: need.parts[part])
+                messages.append(f"stage {need.stage} needs {need.peak_bytes / GIB:.1f} GiB {where} (most of it "
+                                f"{biggest}), {has}: {short / GIB:.1f} GiB short; {advice}")
+        return messages
+
+    def host_bytes_per_node(self) -> int:
+        """Memory one node's ranks hold together at the peak stage (for a CPU run: the pod's memory request);
+        ranks idle during a rank-0 stage keep their runtime."""
+        idle = round((CPU_RUNTIME_GIB if self.on_cpu else GPU_RUNTIME_GIB) * GIB)
+        return max(need.peak_bytes * self.gpus_per_node if need.ranks == "all"
+                   else need.peak_bytes + (self.gpus_per_node - 1) * idle for need in self.stages)
+
+
+# --- sizes --------------------------------------------------------------------------------------------
+
+
+def frozen_bytes(gpu: GpuProfile) -> int:
+    """Bytes per frozen (streamed) parameter: BF16 on a GPU, float32 on the `cpu` profile."""
+    return 4 if gpu.family == "cpu" else 2
+
+
+def runtime_bytes(gpu: GpuProfile) -> int:
+    return round((CPU_RUNTIME_GIB if gpu.family == "cpu" else GPU_RUNTIME_GIB) * GIB)
+
+
+def activation_bytes(arch: Architecture, tokens: int) -> int:
+    """Residual streams of `tokens` tokens, in float32."""
+    return tokens * arch.hidden_size * 4
+
+
+def block_params(arch: Architecture) -> list[int]:
+    return [int(sum(block.params(arch.hidden_size).values())) for block in arch.blocks]
+
+
+def largest_part_params(arch: Architecture) -> int:
+    return max(int(sum(part.params(arch.hidden_size).values())) for block in arch.blocks for part in block.parts())
+
+
+def vocab_bytes(arch: Architecture, per_param: int) -> int:
+    """The embedding, or the LM head: vocabulary x hidden parameters (one tensor when they are tied)."""
+    return arch.vocab_size * arch.hidden_size * per_param
+
+
+def logits_bytes(arch: Architecture, sequences: int, seq_len: int) -> int:
+    """float32 logits of `sequences` sequences."""
+    return sequences * seq_len * arch.vocab_size * 4
+
+
+def child_share(arch: Architecture, plan: Plan) -> float:
+    """An upper bound on the child's size as a share of the parent's: the tightest of the target's parameter
+    share, active-parameter share and 1 / throughput (the child is only known after the search)."""
+    target = plan.target.for_parent(arch.total_params, arch.active_param_count)
+    shares = [target.params, target.active_params, None if target.throughput is None else 1 / target.throughput]
+    return min([1.0, *(share for share in shares if share is not None)])
+
+
+def variants_per_slot(arch: Architecture, plan: Plan) -> list[tuple[int, Part, int]]:
+    """(block index, part, variant count) per slot: an estimate of what `puzzle/library.py` offers (the current
+    part, each size on the library's lists, a linear map and removal where the engine loads them); sizes that
+    round to the same value are counted twice."""
+    library, vllm = plan.library, plan.engine is Engine.VLLM
+    out = []
+    for index, block in enumerate(arch.blocks):
+        for part in block.parts():
+            count = 1
+            if isinstance(part, Attention):
+                heads = library.kv_heads if library.kv_heads is not None else [
+                    n for n in range(1, part.num_kv_heads) if part.num_heads % n == 0]
+                count += len({n for n in heads if n < part.num_kv_heads and part.num_kv_heads % n == 0})
+            elif isinstance(part, Mlp):
+                count += len(library.ffn_widths)
+            elif isinstance(part, Mamba):
+                count += math.prod(len(sizes) + 1 for sizes in (library.mamba_heads, library.mamba_head_dims,
+                                                                  library.ssm_states)) - 1
+            elif isinstance(part, Moe):
+                shared = library.shared_widths if part.shared_width else []
+                count += math.prod(len(sizes) + 1 for sizes in (library.experts_kept, library.top_k,
+                                                                  library.expert_widths, shared)) - 1
+            if library.linear and not vllm and not isinstance(part, Linear | NoOp):
+                count += 1
+            if library.no_op and not isinstance(part, NoOp) and not (vllm and index == 0 and
+                                                                      isinstance(part, Attention)):
+                count += 1
+            out.append((index, part, count))
+    return out
+
+
+# --- the stages -----------------------------------------------------------------------------------------
+
+
+class _Model:
+    """The formulas for one parent, plan and GPU profile, at a number of ranks."""
+
+    def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile) -> None:
+        self.arch, self.plan, self.gpu = arch, plan, gpu
+        self.fb = frozen_bytes(gpu)
+        self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
+        self.block_max = max(block_params(arch))
+        self.lmax = self.block_max * self.fb
+        self.head = vocab_bytes(arch, self.fb)
+        self.embedding = vocab_bytes(arch, self.fb)
+        self.slots = variants_per_slot(arch, plan)
+        self.variants = sum(count for _, _, count in self.slots)
+        share = child_share(arch, plan)
+        self.child, self.child_active = arch.total_params * share, arch.active_param_count * share
+        self.flops_per_s = gpu.compute_tflops(Precision.BF16) * 1e12 * MFU
+        self.stage_flops = self.flops()
+
+    def seconds(self, flops: float, ranks: int) -> float:
+        return flops / (ranks * self.flops_per_s)
+
+    def capture(self) -> dict[str, int]:
+        tokens = self.plan.bld_activation_tokens + self.plan.scoring_tokens
+        return {"largest block": self.lmax, "embedding": self.embedding,
+                "activations": 2 * activation_bytes(self.arch, tokens)}
+
+    def bld(self) -> dict[str, int]:
+        return {"block and variant (fp32)": 2 * self.block_max * 4,
+                "grads and AdamW (fp32)": 12 * largest_part_params(self.arch),
+                "inputs and targets": 2 * activation_bytes(self.arch, self.plan.bld_activation_tokens),
+                "training activations": self.plan.bld.batch * self.seq * self.hidden * 4 * 8}
+
+    def scoring(self, ranks: int) -> dict[str, int]:
+        tokens = self.plan.scoring_tokens
+        return {"largest block": self.lmax, "LM head": self.head,
+                "variant outputs": math.ceil(self.variants / ranks) * activation_bytes(self.arch, tokens),
+                "residual stream": activation_bytes(self.arch, tokens),
+                "logits chunk": 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
+
+    def assembly(self) -> dict[str, int]:
+        return {"block in and out": 2 * self.lmax}
+
+    def gkd(self, ranks: int) -> dict[str, int]:
+        batch, tokens = self.plan.gkd.batch, self.plan.gkd.tokens
+        return {"child shard, grads and AdamW (fp32)": round(16 * self.child / ranks),
+                "one child block unsharded (fp32)": 2 * self.lmax * 4 // self.fb,
+                "teacher block": self.lmax,
+                "activations for backward": batch * self.seq * self.hidden * 4 * self.layers * 4,
+                "logits": 3 * logits_bytes(self.arch, batch, self.seq),
+                "teacher layer states (bf16)": round(tokens / ranks * self.hidden * 2 * self.layers)}
+
+    def evaluation(self) -> dict[str, int]:
+        return {"largest block": self.lmax, "LM head": self.head,
+                "activations": 2 * activation_bytes(self.arch, self.plan.eval_tokens),
+                "logits chunks": 2 * 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
+
+    def flops(self) -> dict[StageName, float]:
+        """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total."""
+        plan, hidden, active = self.plan, self.hidden, self.arch.active_param_count
+        rounds = plan.rounds
+        per_block = [int(sum(block.active_params(hidden).values())) for block in self.arch.blocks]
+        after = [sum(per_block[index + 1:]) for index in range(self.layers)]
+        bld = sum(count * 6 * int(sum(part.params(hidden).values())) * plan.bld.tokens
+                  for _, part, count in self.slots)
+        scoring = sum(count * 2 * after[index] * plan.scoring_tokens for index, _, count in self.slots)
+        return {"capture": rounds * 2 * active * (plan.bld_activation_tokens + plan.scoring_tokens),
+                "bld": rounds * bld, "scoring": rounds * scoring, "assembly": 0.0,
+                "gkd": (6 * self.child_active + 2 * active) * plan.gkd.tokens,
+                "evaluation": 2 * (active + self.child_active) * plan.eval_tokens}
+
+    def needs(self, ranks: int) -> list[StageNeed]:
+        runtime = runtime_bytes(self.gpu)
+        flops = self.stage_flops
+        stages: list[tuple[StageName, Ranks, dict[str, int]]] = [
+            ("capture", "rank 0", self.capture()), ("bld", "all", self.bld()),
+            ("scoring", "all", self.scoring(ranks)), ("assembly", "rank 0", self.assembly()),
+            ("gkd", "all", self.gkd(ranks)), ("evaluation", "rank 0", self.evaluation())]
+        return [StageNeed(stage=name, ranks=who, parts={**parts, "runtime": runtime},
+                          peak_bytes=sum(parts.values()) + runtime,
+                          seconds=self.seconds(flops[name], ranks if who == "all" else 1))
+                for name, who, parts in stages]
+
+
+def budget_bytes(gpu: GpuProfile, gpus_per_node: int, memory_gib: float | None) -> int:
+    """Memory per rank: the stated budget, else the GPU's; on the `cpu` profile (whose memory is the host's
+    RAM) the ranks of a node share it."""
+    if memory_gib is not None:
+        return round(memory_gib * GIB)
+    return gpu.memory_bytes // gpus_per_node if gpu.family == "cpu" else gpu.memory_bytes
+
+
+def footprint(arch: Architecture, plan: Plan, gpu: GpuProfile, gpus_per_node: int = 1, nodes: int = 1,
+              memory_gib: float | None = None) -> Footprint:
+    """Every stage's need on `nodes` x `gpus_per_node` ranks of `gpu`, and the fewest nodes that fit; the budget
+    per rank is `memory_gib`, else the plan's `budgetGiB`, else the GPU's memory."""
+    model = _Model(arch, plan, gpu)
+    memory_gib = memory_gib if memory_gib is not None else plan.budget_gib
+    budget = budget_bytes(gpu, gpus_per_node, memory_gib)
+
+    def fits(count: int) -> bool:
+        return all(need.peak_bytes <= budget for need in model.needs(gpus_per_node * count))
+
+    return Footprint(gpu=gpu.name, on_cpu=gpu.family == "cpu", gpus_per_node=gpus_per_node, nodes=nodes,
+                     budget_bytes=budget, budget_stated=memory_gib is not None,
+                     stages=model.needs(gpus_per_node * nodes),
+                     fitting_nodes=next((n for n in range(1, MAX_NODES + 1) if fits(n)), None))
