@@ -25,12 +25,11 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from tailor.compressor.architecture import Block, Mlp, NoOp
-from tailor.compressor.checkpoint import load_decoder
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle import gkd
-from tailor.compressor.puzzle.assembly import assemble
-from tailor.compressor.puzzle.bld import capture_inputs
+from tailor.compressor.architecture import Block, Mlp, NoOp, Part
+from tailor.compressor.checkpoint import load_decoder, save_decoder
+from tailor.compressor.lazy import LazyDecoder
+from tailor.compressor.modeling import Branch, Decoder
+from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.data import load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, init_variant
@@ -49,16 +48,46 @@ def speed(model: Decoder, plan: Plan) -> float:
 
 
 @torch.no_grad()
+def capture_inputs(model: Decoder, sequences: torch.Tensor, batch: int) -> list[torch.Tensor]:
+    """The residual stream entering every slot, [sequences, seq_len, hidden] each."""
+    per_slot: list[list[torch.Tensor]] = [[] for _ in model.slots()]
+    for start in range(0, sequences.shape[0], batch):
+        x = model.embed(sequences[start:start + batch])
+        for slot in model.slots():
+            per_slot[slot.index].append(x)
+            x = model.layer(slot).run_branch(slot.kind, x)
+    return [torch.cat(chunks) for chunks in per_slot]
+
+
+@torch.no_grad()
+def build(parent: Decoder, chosen: list[tuple[Part, Branch]]) -> Decoder:
+    """A Decoder with one (part, branch) per parent slot; embeddings, final norm and head the parent's."""
+    slots = parent.slots()
+    parts = {(slot.layer, slot.kind): part for slot, (part, _) in zip(slots, chosen, strict=True)}
+    blocks = [Block(mixer=parts.get((i, "mixer")), ffn=parts.get((i, "ffn"))) for i in range(len(parent.arch.blocks))]
+    child = Decoder(parent.arch.model_copy(update={"blocks": blocks}), parent.settings)
+    child.embedding.load_state_dict(parent.embedding.state_dict())
+    child.final_norm.load_state_dict(parent.final_norm.state_dict())
+    if not parent.arch.tie_word_embeddings:
+        child.lm_head.load_state_dict(parent.lm_head.state_dict())
+    for slot, (_, source) in zip(child.slots(), chosen, strict=True):
+        target = child.layer(slot).branch(slot.kind)
+        assert (source is None) == (target is None), f"slot {slot.index}: branch does not match its part"
+        for into, weights in zip(target or (), source or (), strict=True):
+            into.load_state_dict(weights.state_dict())
+    return child.to(parent.embedding.weight.dtype).eval()
+
+
+@torch.no_grad()
 def uniform_ffn(parent: Decoder, width: int, inputs: list[torch.Tensor]) -> Decoder:
     """Every FFN cut to `width` channels by channel contribution; attention untouched."""
-    chosen, branches = [], {}
+    chosen: list[tuple[Part, Branch]] = []
     for slot in parent.slots():
         part = Mlp(intermediate_size=width, gated=True) if slot.kind == "ffn" else slot.part
         variant = Variant(slot=slot.index, kind=slot.kind, part=part, is_current=part == slot.part)
-        chosen.append(variant)
-        branches[(slot.index, variant.label)] = init_variant(variant, parent.layer(slot).branch(slot.kind),
-                                                             inputs[slot.index], parent.settings)
-    return assemble(parent, chosen, branches)
+        chosen.append((part, init_variant(variant, parent.layer(slot).branch(slot.kind), inputs[slot.index],
+                                          parent.settings)))
+    return build(parent, chosen)
 
 
 @torch.no_grad()
@@ -75,15 +104,8 @@ def block_influence(parent: Decoder, ids: torch.Tensor) -> list[float]:
 
 @torch.no_grad()
 def drop_layers(parent: Decoder, layers: set[int]) -> Decoder:
-    blocks = [Block(mixer=NoOp(), ffn=NoOp()) if i in layers else block for i, block in enumerate(parent.arch.blocks)]
-    chosen, branches = [], {}
-    for slot in parent.slots():
-        part = blocks[slot.layer].mixer if slot.kind == "mixer" else blocks[slot.layer].ffn
-        assert part is not None
-        variant = Variant(slot=slot.index, kind=slot.kind, part=part, is_current=part == slot.part)
-        chosen.append(variant)
-        branches[(slot.index, variant.label)] = None if isinstance(part, NoOp) else parent.layer(slot).branch(slot.kind)
-    return assemble(parent, chosen, branches)
+    return build(parent, [(NoOp(), None) if slot.layer in layers else (slot.part, parent.layer(slot).branch(slot.kind))
+                          for slot in parent.slots()])
 
 
 def matched(candidates: list[tuple[str, Any]], build: Any, goal: float, plan: Plan) -> tuple[str, Decoder, float,
@@ -100,7 +122,8 @@ def matched(candidates: list[tuple[str, Any]], build: Any, goal: float, plan: Pl
     return candidates[-1][0], model, measured, False
 
 
-def evaluate(name: str, model: Decoder, parent: Decoder, splits: Any, plan: Plan, seconds: dict[str, float]) -> dict:
+def evaluate(name: str, folder: Path, parent: LazyDecoder, splits: Any, seconds: dict[str, float]) -> dict:
+    model = LazyDecoder(folder)
     q = quality(model, parent, splits.evaluation)
     return {"name": name, "params": model.arch.total_params, "pattern": model.arch.pattern,
             "perplexity": q.perplexity, "kl": q.kl, "stage_seconds": seconds}
@@ -115,7 +138,9 @@ def main() -> int:
     args = parser.parse_args()
     base = Plan.load(args.plan)
     parent_dir = resolve_parent(base.parent)
+    parallel.init()  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
+    parent_lazy = LazyDecoder(parent_dir)
     splits = load_splits(base, AutoTokenizer.from_pretrained(parent_dir))
     calibration = splits.train[:-(-base.bld_activation_tokens // base.data.seq_len)]
     inputs = capture_inputs(parent, calibration, base.bld.batch)
@@ -134,33 +159,37 @@ def main() -> int:
         report = compress(plan, out)
         assert report is not None
         first_out = first_out or out
-        child = load_decoder(out / "child").eval()
-        goal = speed(child, plan)
+        goal = speed(load_decoder(out / "child").eval(), plan)
         puzzle_seconds = {k: v for k, v in report.stage_seconds.items() if k.startswith("round")}
-        models = [("puzzle", child, goal, True, puzzle_seconds)]
+        models = [("puzzle", out / "child", goal, True, puzzle_seconds)]
         ffn_width = parent.arch.blocks[0].ffn.intermediate_size  # type: ignore[union-attr]
         widths = [w for w in range(ffn_width - 128, 15, -128)] + [64, 32, 16]
-        started = time.monotonic()
-        name, model, measured, reached = matched([(f"ffn width {w}", w) for w in widths],
-                                                 lambda w: uniform_ffn(parent, w, inputs), goal, plan)
-        models.append((f"uniform {name}", model, measured, reached, {"search": time.monotonic() - started}))
-        started = time.monotonic()
-        name, model, measured, reached = matched(
-            [(f"drop {k} layers", k) for k in range(1, len(drop_order))],
-            lambda k: drop_layers(parent, set(drop_order[:k])), goal, plan)
-        models.append((f"{name} (block influence)", model, measured, reached, {"search": time.monotonic() - started}))
-        for label, model, measured, reached, seconds in models:
-            if label != "puzzle":
-                log(f"GKD for {label}")
-                began = time.monotonic()
-                gkd.distill(model, parent, splits.train, plan.gkd, plan.seed, log)
-                seconds["gkd"] = time.monotonic() - began
-            row = evaluate(label, model, parent, splits, plan, seconds)
+        baselines = [("uniform", "uniform {}", [(f"ffn width {w}", w) for w in widths],
+                      lambda w: uniform_ffn(parent, w, inputs)),
+                     ("drop", "{} (block influence)", [(f"drop {k} layers", k) for k in range(1, len(drop_order))],
+                      lambda k: drop_layers(parent, set(drop_order[:k])))]
+        for kind, template, candidates, builder in baselines:
+            started = time.monotonic()
+            name, model, measured, reached = matched(candidates, builder, goal, plan)
+            seconds = {"search": time.monotonic() - started}
+            label, folder = template.format(name), args.work / f"{kind}-{target}x"
+            save_decoder(model, folder / "assembled", parent_dir)
+            del model
+            log(f"GKD for {label}")
+            began = time.monotonic()
+            parallel.init()  # compress() closes its process group when it returns
+            gkd.distill(folder / "assembled", folder / "child", parent_lazy, parent_dir, splits.train, plan.gkd,
+                        plan.seed, log)
+            seconds["gkd"] = time.monotonic() - began
+            models.append((label, folder / "child", measured, reached, seconds))
+        for label, child_dir, measured, reached, seconds in models:
+            row = evaluate(label, child_dir, parent_lazy, splits, seconds)
             row.update(target=target, tokens_per_second=measured, reached_goal=reached)
             rows.append(row)
             log(f"{label}: ppl {row['perplexity']:.3f}, kl {row['kl']:.4f}, {measured:.1f} tokens/s")
+    parallel.finish()
     parent_speed = speed(parent, base)
-    parent_quality = quality(parent, parent, splits.evaluation)
+    parent_quality = quality(parent_lazy, parent_lazy, splits.evaluation)
     for row in rows:
         row["speedup"] = row["tokens_per_second"] / parent_speed
     result = {"plan": str(args.plan), "device": "cpu", "threads": torch.get_num_threads(),

@@ -15,6 +15,9 @@ EXAMPLES = """examples:
   # BLD shared by two processes (gloo on CPU, nccl on GPUs):
   torchrun --standalone --nproc-per-node 2 -m tailor.cli.main compress --config plan.yaml --out runs/x
   tailor compress --config plan.yaml --out runs/x --json   # the report on stdout
+  # what every stage needs per rank, on the meta device (exit 2 when a stage does not fit):
+  tailor compress --dry-run --config examples/plans/nemotron-super-b200.yaml --gpus 8 --gpu B200-180GB
+  tailor compress --dry-run --config examples/plans/nemotron-super-b200.yaml --gpus 8 --gpu H100 --nodes 3
 
 A killed run resumes from its saved stages when started again with the same --out; report.json is
 written last, so a folder without it is not a finished run.
@@ -22,6 +25,10 @@ written last, so a folder without it is not a finished run.
 
 
 def _compress(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from tailor.cli.dryrun import dry_run
+
+        return dry_run(args)
     from tailor.cli.plans import needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.puzzle.pipeline import compress
@@ -62,7 +69,18 @@ def add_parsers(nouns: Any) -> None:
     source.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read): its Puzzle plan, "
                                                   "written to its layout's compress folder")
     compress.add_argument("--out", type=Path, help="output folder (with --config); resumes from its saved stages")
-    compress.add_argument("--json", action="store_true", help="print report.json instead of the summary")
+    compress.add_argument("--json", action="store_true", help="print report.json instead of the summary (with "
+                                                             "--dry-run: the footprint)")
+    dry = compress.add_argument_group("dry run", "peak memory per rank and estimated time of every stage, from the "
+                                                 "plan and the parent's config alone")
+    dry.add_argument("--dry-run", action="store_true", help="build the parent on the meta device, print the "
+                                                            "footprint and exit (2 when a stage does not fit)")
+    dry.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) per node (default 1)")
+    dry.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    dry.add_argument("--gpu", help="GPU profile (default: the plan's target.gpu)")
+    dry.add_argument("--memory-budget", type=float, metavar="GIB",
+                     help="memory per rank in GiB (default: the GPU's; on the cpu profile, its memory shared by "
+                          "the node's ranks)")
     compress.add_argument("--result-file", type=Path, help="also write a short JSON result with the child's "
                                                            "config here (a Job's termination log)")
     compress.set_defaults(run=_compress)

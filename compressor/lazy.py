@@ -143,7 +143,9 @@ class LazyDecoder:
         return f"{self.family_prefix}.{'embed_tokens' if self.settings.family == 'llama' else 'embeddings'}.weight"
 
     def embedding(self) -> nn.Embedding:
-        return nn.Embedding.from_pretrained(self.tensors([self.embedding_name])[self.embedding_name], freeze=True)
+        weight = self.tensors([self.embedding_name])[self.embedding_name]
+        embedding = nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+        return embedding
 
     def head(self) -> nn.Sequential:
         """The final norm and the LM head: hidden states -> logits."""
@@ -216,7 +218,8 @@ class ShardedWriter:
 
 
 @contextmanager
-def sharded_checkpoint(folder: Path, config: dict[str, Any], tokenizer_from: Path, shards: int) -> Iterator[ShardedWriter]:
+def sharded_checkpoint(folder: Path, config: dict[str, Any], tokenizer_from: Path,
+                       shards: int) -> Iterator[ShardedWriter]:
     """A checkpoint folder written shard by shard: config, tokenizer files, then the writer's shards."""
     with staged_folder(folder) as staging:
         writer = ShardedWriter(staging, shards)

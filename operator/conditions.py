@@ -36,6 +36,7 @@ class Reason(StrEnum):
     OWNED_ELSEWHERE = "OwnedElsewhere"  # an object with a name the operator derives belongs to someone else
     API_REJECTED = "ApiRejected"  # the API server refused one of the operator's writes (4xx)
     ACTIVE_PARAMS_ABOVE_CAP = "ActiveParamsAboveCap"
+    DOES_NOT_FIT = "DoesNotFit"  # a compression stage needs more memory per rank than spec.jobs' GPUs have
     QUALITY_GATE_PASSED = "Passed"
     QUALITY_GATE_FAILED = "QualityGateFailed"
     NO_POOL_FITS = "NoPoolFits"

@@ -21,7 +21,7 @@ from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
 from tailor.compressor.memory import RECIPES
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, unpack_config
-from tailor.operator import names, rollout
+from tailor.operator import names, preflight, rollout
 from tailor.operator.api import STAGE_PHASES, ArchitectureSummary, BuildStatus, CompressedModelSpec, QualityReport
 from tailor.operator.conditions import (
     BUILD_CONDITIONS,
@@ -152,11 +152,14 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
     job = p.owned("Job", name)
     try:
         if job is None:
+            fits = preflight.check_fits(spec, plan) if stage == "compress" else None  # before the claim and Job
             if (waiting := claim_ready(p, spec)) is not None:
                 progress.message = waiting
                 return False
             start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
-                      plan.target_product)
+                      plan.target_product, memory=preflight.memory_request(fits))
+            if fits is not None:
+                p.event("FitChecked", preflight.summary(fits))
             progress.job_name, progress.state, progress.message = name, "Running", "Job created"
             progress.started_at = progress.started_at or p.world.now
             return False

@@ -38,6 +38,8 @@ class JobSettings(BaseModel):
     nodes: int = Field(1, ge=1, le=64)
     backoff_limit: int = Field(2, ge=0, le=100)
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
+    memory: str | None = Field(None, pattern=r"^[1-9][0-9]*Mi$",
+                               description="The pod's memory request; default: the per-GPU floor.")
 
 
 def stage_args(stage: Stage, reader: bool = False) -> list[str]:
@@ -88,6 +90,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
     requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
+    if settings.memory is not None:
+        requests["memory"] = settings.memory
     if gpus:
         requests[GPU_RESOURCE] = str(gpus)
     pod_spec: dict[str, Any] = {

@@ -74,13 +74,16 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
 
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
-              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False) -> None:
-    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs)."""
+              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False,
+              memory: str | None = None) -> None:
+    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs); `memory`
+    overrides the pod's memory request."""
     jobs = spec.jobs
     gpus = 0 if stage == "package" or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
     settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
                            gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
-                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds)
+                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds,
+                           memory=memory)
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]

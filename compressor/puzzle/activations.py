@@ -59,7 +59,8 @@ def capture(model: LazyDecoder, train: torch.Tensor, scoring: torch.Tensor, fold
 def load(path: Path, split: str, device: torch.device) -> torch.Tensor:
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return handle.get_tensor(split).to(device)
+            tensor: torch.Tensor = handle.get_tensor(split).to(device)
+            return tensor
     except (SafetensorError, OSError, KeyError) as error:
         raise CheckpointError(f"{path}: unreadable captured activations ({error}); delete the folder to "
                               "capture them again") from error

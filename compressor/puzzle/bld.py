@@ -33,7 +33,6 @@ from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.plan import Training
 
 
-
 def normalised_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-12)
 

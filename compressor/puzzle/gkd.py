@@ -7,8 +7,9 @@ Memory per rank is bounded by sharding, not by the model's size:
 - the child trains sharded across the ranks with PyTorch's FSDP2 (`fully_shard` per layer and at the root):
   each rank holds 1/world of its parameters, gradients and AdamW states, and one layer whole while it runs.
   It is built on the meta device and each rank copies in only its shard, one tensor at a time from the files;
-- the parent never trains: each rank streams it once over the rows it will train on (one layer resident),
-  keeping the residual stream after every layer and the parent's LM head for the logits;
+- the parent never trains: each rank streams it (one layer resident) over the rows of its next steps, keeping
+  the residual stream after every layer (BF16) for as many steps as a quarter of the memory budget holds, and
+  the parent's LM head for the logits;
 - each step's batch is split across the ranks, and the loss is scaled so the gradients FSDP averages are
   those of the whole batch: one process and several give the same child.
 The trained child is written layer by layer (each layer gathered whole, written by rank 0).
@@ -35,7 +36,7 @@ from tailor.compressor.puzzle.plan import Training
 
 
 class Teacher:
-    """The parent's residual stream after every layer on given rows, and its LM head."""
+    """The parent's residual stream after every layer on given rows (BF16; the last one float32)."""
 
     def __init__(self, parent: LazyDecoder, rows: torch.Tensor, ids: torch.Tensor) -> None:
         self.index = {int(row): position for position, row in enumerate(rows)}
@@ -44,15 +45,24 @@ class Teacher:
         kept: list[torch.Tensor] = []
         with torch.no_grad():
             x = parent.embedding()(ids)
-            final = sweep(parent, x, lambda slot, state: kept.append(state) if slot.index in firsts else None)
+            final = sweep(parent, x, lambda slot, state: kept.append(state.to(torch.bfloat16))
+                          if slot.index in firsts else None)
         self.states = [*kept, final]  # after layer 0, 1, ..., the last
-        self.head = parent.head()
 
-    def targets(self, rows: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def targets(self, rows: torch.Tensor, head: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
         positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
         states = [state[positions] for state in self.states]
         with torch.no_grad():
-            return states, self.head(states[-1])
+            return states, head(states[-1])
+
+
+def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: int, budget_bytes: float | None,
+                   steps: int) -> int:
+    """Steps whose teacher states (BF16, every layer) fit a quarter of the budget; all of them without one."""
+    if budget_bytes is None:
+        return steps
+    per_step = max(1, rows_per_step) * seq_len * hidden * 2 * arch_layers
+    return max(1, min(steps, int(budget_bytes / 4 // per_step)))
 
 
 def sharded_child(folder: Path, device: torch.device) -> Decoder:
@@ -95,16 +105,17 @@ def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tenso
 
 
 def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: Path, train: torch.Tensor,
-            budget: Training, seed: int, progress: Progress) -> list[float]:
-    """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step."""
+            budget: Training, seed: int, progress: Progress, budget_bytes: float | None = None) -> list[float]:
+    """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step. `budget_bytes`:
+    the memory per rank the teacher's states may take a quarter of."""
     rank, world = parallel.rank_world()
     steps = max(1, math.ceil(budget.tokens / (budget.batch * train.shape[1])))
     generator = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, train.shape[0], (budget.batch,), generator=generator) for _ in range(steps)]
     mine = [rows[rank::world] for rows in batches]
-    needed = torch.unique(torch.cat(mine)) if mine else torch.empty(0, dtype=torch.long)
-    progress(f"gkd: the parent, streamed over {needed.numel()} rows")
-    teacher = Teacher(parent, needed, train[needed])
+    per_pass = steps_per_pass(mine[0].numel(), train.shape[1], len(parent.arch.blocks), parent.arch.hidden_size,
+                              budget_bytes, steps)
+    head = parent.head()
     child = sharded_child(child_folder, parent.device)
     optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
@@ -114,8 +125,16 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     child.train()
     losses: list[float] = []
     started = time.monotonic()
+    teacher: Teacher | None = None
     for step, rows in enumerate(mine, 1):
-        states, logits = teacher.targets(rows)
+        if (step - 1) % per_pass == 0:
+            needed = torch.unique(torch.cat(mine[step - 1:step - 1 + per_pass]))
+            progress(f"gkd: the parent, streamed over {needed.numel()} rows for steps {step}-"
+                     f"{min(steps, step - 1 + per_pass)}")
+            teacher = None
+            teacher = Teacher(parent, needed, train[needed])
+        assert teacher is not None
+        states, logits = teacher.targets(rows, head)
         with autocast:
             loss = gkd_loss(child, train[rows], states, logits, world / budget.batch)
         optimiser.zero_grad(set_to_none=True)
@@ -131,7 +150,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
             eta = (time.monotonic() - started) / step * (steps - step)
             progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "
                      f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
-    del teacher, optimiser
+    del teacher, optimiser, head
     _write(child, out, parent_folder, child_folder)
     return losses
 

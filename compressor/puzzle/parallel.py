@@ -25,7 +25,8 @@ def init() -> None:
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=TIMEOUT)
 
 
 def rank_world() -> tuple[int, int]:

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from tailor.compressor import sources, tiny_hybrid
-from tailor.compressor.checkpoint import CheckpointError, read_config
 from tailor.compressor.architecture import Architecture
+from tailor.compressor.checkpoint import CheckpointError, read_config
 from tailor.compressor.files import staged_folder, write_json, write_text
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.measure import MeasuredCosts, decode_step_seconds
@@ -272,7 +272,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
         with log.stage(f"round{number}.gkd"):
             losses = gkd.distill(folder / "assembled", finished, parent, parent_dir, splits.train, budget,
-                                 plan.seed + number, log)
+                                 plan.seed + number, log, None if plan.budget_gib is None else plan.budget_gib * 2**30)
         if parallel.is_main():
             summary_model = RoundSummary(
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",

@@ -138,9 +138,9 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
             restored = load_decoder(staging).eval()
             figures = {}
             for label, candidate in (("unquantized", model), ("quantized", restored)):
-                figures[label] = Figures(quality=quality(candidate, model, held_out, job.batch),
+                figures[label] = Figures(quality=quality(candidate, model, held_out),
                                          kl_to_parent=None if parent is None
-                                         else quality(candidate, parent, held_out, job.batch).kl)
+                                         else quality(candidate, parent, held_out).kl)
                 log(f"{label}: perplexity {figures[label].quality.perplexity:.3f}, KL to the unquantized "
                     f"{figures[label].quality.kl:.4f}")
         section = quant_config["quantization"]

@@ -23,6 +23,7 @@ def example(name: str, annotations: dict[str, str], **deployment: Any) -> dict[s
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": name}
     spec = body["spec"]
+    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
     spec["jobs"] = {"podAnnotations": annotations, "backoffLimit": 1}
     spec["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},

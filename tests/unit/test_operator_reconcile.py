@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SETTINGS = OperatorSettings(annotation_prefixes=(*ANNOTATION_PREFIXES, "devcluster.tailor.dev/"))
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+PRIVATE_PARENT = "hf://example-org/private-parent"  # not a built-in model: the operator cannot check its fit
 
 
 def manifest(name: str = "m", results: dict[str, str] | None = None, **deployment: Any) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def manifest(name: str = "m", results: dict[str, str] | None = None, **deploymen
     stage results ride on pod annotations, as on the devcluster."""
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": name, "namespace": "ns"}
+    body["spec"]["source"]["uri"] = PRIVATE_PARENT  # its config is unknown here: no pre-flight check
     body["spec"]["jobs"] = {"podAnnotations": published_results() if results is None else results}
     body["spec"]["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
@@ -303,6 +305,55 @@ def test_plan_overrides_are_bounded_and_cannot_change_what_the_operator_decides(
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "InvalidPlan" and says in condition["message"], condition["message"]
     assert not kube.names("Job")
+
+
+# --- the pre-flight check ------------------------------------------------------------------------------------
+
+
+def builtin_super(jobs: dict[str, Any], global_tokens: int) -> dict[str, Any]:
+    """The H100 example from the built-in Nemotron-3-Super staged on a claim, on `jobs`' GPUs."""
+    body = manifest()
+    body["spec"]["source"] = {"uri": "pvc://models/nemotron-3-super-120b-a12b"}
+    body["spec"]["jobs"].update(jobs)
+    body["spec"]["compression"]["distillation"] = {"blockwiseTokens": 10**6, "globalTokens": global_tokens}
+    return body
+
+
+def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothing(kube: FakeKube) -> None:
+    kube.apply(builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000))
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "DoesNotFit", condition
+    assert condition["message"].startswith("the compression does not fit 2 node(s) x 8 H100-80GB: stage gkd needs ")
+    assert condition["message"].endswith("GiB short; try spec.jobs.nodes 4")  # a 76B child's fp32 AdamW shards
+    assert not kube.names("Job") and not kube.names("PersistentVolumeClaim") and not kube.names("ConfigMap")
+    (compress,) = kube.status("m")["stages"]
+    assert (compress["name"], compress["state"], compress["reason"]) == ("Compress", "Failed", "DoesNotFit")
+    kube.update_spec("m", {"jobs": {"nodes": 4}})  # what the message advises: a new generation, a new try
+    assert step(kube).phase == "Compressing"
+    job = kube.obj("Job", "m-g2-compress")["spec"]
+    assert job["completions"] == 4 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "8"}
+    assert any(reason == "FitChecked" and "fits 4 node(s) x 8 H100-80GB" in message
+               for _, reason, message in kube.events)
+
+
+def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
+    from tailor.compressor.architecture import load_architecture
+    from tailor.compressor.puzzle.footprint import footprint
+    from tailor.operator.preflight import memory_request
+
+    kube = FakeKube()
+    body = yaml.safe_load((REPO / "examples" / "smollm2-135m-cpu.yaml").read_text())
+    body["metadata"] = {"name": "m", "namespace": "ns"}
+    body["spec"]["jobs"] = {"gpusPerNode": 2}
+    kube.apply(body)
+    assert step(kube).phase == "Compressing"
+    requests = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    plan = plan_of(kube, "m-g1-plan")
+    fp = footprint(load_architecture("smollm2-135m"), plan.puzzle, plan.catalog().get("cpu"), gpus_per_node=2)
+    assert requests["memory"] == memory_request(fp) and fp.fits
+    assert int(requests["memory"].removesuffix("Mi")) > 1024  # more than the 2 x 500Mi... floor would say
 
 
 # --- hardening: node churn and rollouts -----------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""`tailor compress --dry-run`: the built-in Nemotron-3-Super built on the meta device, its table, and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tailor.cli.main import main
+
+REPO = Path(__file__).resolve().parents[3]
+STAGES = ["capture", "bld", "scoring", "assembly", "gkd", "evaluation"]
+
+
+def published(tmp_path: Path, **fields: object) -> Path:
+    """The published example plan with a GKD budget whose teacher states fit (see test_footprint.py)."""
+    plan = yaml.safe_load((REPO / "examples" / "plans" / "nemotron-super-b200.yaml").read_text())
+    plan["gkd"]["tokens"] = 100_000
+    plan.update(fields)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def test_the_published_case_on_8_b200_prints_a_table_that_fits(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpus", "8",
+                 "--gpu", "B200-180GB"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert "120.67B parameters, built on the meta device" in lines[0]
+    assert lines[1] == "placement: 1 node(s) x 8 B200-180GB = 8 rank(s), 179.1 GiB per rank"
+    assert lines[2].split()[:4] == ["stage", "ranks", "peak", "GiB/rank"]
+    rows = lines[3:9]
+    assert [row.split()[0] for row in rows] == STAGES and all(" yes " in row for row in rows)
+    assert "not measured" in out and not err
+
+
+def test_one_h100_refuses_naming_the_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpu", "H100", "--json"]) == 2
+    out, err = capsys.readouterr()
+    fp = json.loads(out)
+    assert [need["stage"] for need in fp["stages"]] == STAGES and fp["fitting_nodes"] == 23
+    assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 23" in err
+
+
+def test_an_hf_parent_must_be_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILOR_CACHE_DIR", str(tmp_path / "cache"))
+    plan = published(tmp_path, parent="hf://example-org/not-cached")
+    assert main(["compress", "--dry-run", "--config", str(plan)]) == 1
+    assert "its config.json is not in the local Hugging Face cache" in capsys.readouterr().err
