@@ -23,6 +23,7 @@ from tailor.compressor.serving.engines import Engine
 
 GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
+TEACHER_SHARE = 0.75  # gkd.TEACHER_SHARE: the parent's and child's shards in this share of the budget
 MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
 LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring and evaluating
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
@@ -181,8 +182,8 @@ def variants_per_slot(arch: Architecture, plan: Plan) -> list[tuple[int, Part, i
 class _Model:
     """The formulas for one parent, plan and GPU profile, at a number of ranks."""
 
-    def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile) -> None:
-        self.arch, self.plan, self.gpu = arch, plan, gpu
+    def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile, budget: int) -> None:
+        self.arch, self.plan, self.gpu, self.budget = arch, plan, gpu, budget
         self.fb = frozen_bytes(gpu)
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
         self.block_max = max(block_params(arch))
@@ -213,21 +214,38 @@ class _Model:
     def scoring(self, ranks: int) -> dict[str, int]:
         tokens = self.plan.scoring_tokens
         return {"largest block": self.lmax, "LM head": self.head,
-                "variant outputs": math.ceil(self.variants / ranks) * activation_bytes(self.arch, tokens),
+                "variant outputs": self._streams(math.ceil(self.variants / ranks), activation_bytes(self.arch, tokens)),
                 "residual stream": activation_bytes(self.arch, tokens),
                 "logits chunk": 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
+
+    def _streams(self, count: int, each: int) -> int:
+        """Variant streams a scoring sweep holds: as many as a quarter of the budget takes (at least one)."""
+        return min(count, max(1, self.budget // 4 // each)) * each
 
     def assembly(self) -> dict[str, int]:
         return {"block in and out": 2 * self.lmax}
 
     def gkd(self, ranks: int) -> dict[str, int]:
+        """The child sharded (FSDP2); the parent sharded beside it where both shards fit three quarters of the
+        budget, else streamed a layer at a time with its states kept for a quarter of the budget's worth of steps
+        (the rule `gkd.teacher_is_sharded` applies)."""
         batch, tokens = self.plan.gkd.batch, self.plan.gkd.tokens
-        return {"child shard, grads and AdamW (fp32)": round(16 * self.child / ranks),
-                "one child block unsharded (fp32)": 2 * self.lmax * 4 // self.fb,
-                "teacher block": self.lmax,
-                "activations for backward": batch * self.seq * self.hidden * 4 * self.layers * 4,
-                "logits": 3 * logits_bytes(self.arch, batch, self.seq),
-                "teacher layer states (bf16)": round(tokens / ranks * self.hidden * 2 * self.layers)}
+        child = round(16 * self.child / ranks)
+        parts = {"child shard, grads and AdamW (fp32)": child,
+                 "one child block unsharded (fp32)": 2 * self.lmax * 4 // self.fb,
+                 "teacher block": self.lmax,
+                 "activations for backward": batch * self.seq * self.hidden * 4 * self.layers * 4,
+                 "logits": 3 * logits_bytes(self.arch, batch, self.seq)}
+        teacher_shard = round(self.fb * self.arch.total_params / ranks)
+        if teacher_shard + child + 8 * self.block_max <= TEACHER_SHARE * self.budget:
+            return {**parts, "teacher shard": teacher_shard}
+        return {**parts, "LM head": self.head,
+                "teacher layer states (bf16)": self._teacher(tokens / ranks * self.hidden * 2 * self.layers)}
+
+    def _teacher(self, every_row: float) -> int:
+        """A streamed teacher's states are kept for the steps a quarter of the budget holds (at least one)."""
+        step = self.plan.gkd.batch * self.seq * self.hidden * 2 * self.layers
+        return round(min(every_row, max(step, self.budget // 4)))
 
     def evaluation(self) -> dict[str, int]:
         return {"largest block": self.lmax, "LM head": self.head,
@@ -273,9 +291,9 @@ def footprint(arch: Architecture, plan: Plan, gpu: GpuProfile, gpus_per_node: in
               memory_gib: float | None = None) -> Footprint:
     """Every stage's need on `nodes` x `gpus_per_node` ranks of `gpu`, and the fewest nodes that fit; the budget
     per rank is `memory_gib`, else the plan's `budgetGiB`, else the GPU's memory."""
-    model = _Model(arch, plan, gpu)
     memory_gib = memory_gib if memory_gib is not None else plan.budget_gib
     budget = budget_bytes(gpu, gpus_per_node, memory_gib)
+    model = _Model(arch, plan, gpu, budget)
 
     def fits(count: int) -> bool:
         return all(need.peak_bytes <= budget for need in model.needs(gpus_per_node * count))

@@ -7,9 +7,10 @@ Memory per rank is bounded by sharding, not by the model's size:
 - the child trains sharded across the ranks with PyTorch's FSDP2 (`fully_shard` per layer and at the root):
   each rank holds 1/world of its parameters, gradients and AdamW states, and one layer whole while it runs.
   It is built on the meta device and each rank copies in only its shard, one tensor at a time from the files;
-- the parent never trains: each rank streams it (one layer resident) over the rows of its next steps, keeping
-  the residual stream after every layer (BF16) for as many steps as a quarter of the memory budget holds, and
-  the parent's LM head for the logits;
+- the parent never trains. Where its shard fits beside the child's, it is sharded the same way and runs each
+  step's forward with the child (`ShardedTeacher`); where it does not (a parent several times a rank's
+  budget), each rank streams it, one layer resident, over the rows of its next steps, keeping the residual
+  stream after every layer (BF16) for as many steps as a quarter of the budget holds (`StreamedTeacher`);
 - each step's batch is split across the ranks, and the loss is scaled so the gradients FSDP averages are
   those of the whole batch: one process and several give the same child.
 The trained child is written layer by layer (each layer gathered whole, written by rank 0).
@@ -34,26 +35,58 @@ from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.plan import Training
 
+TEACHER_SHARE = 0.75  # of a rank's budget, for the parent's and child's shards: the rest for activations
 
-class Teacher:
-    """The parent's residual stream after every layer on given rows (BF16; the last one float32)."""
 
-    def __init__(self, parent: LazyDecoder, rows: torch.Tensor, ids: torch.Tensor) -> None:
+class ShardedTeacher:
+    """The parent sharded across the ranks like the child: its states and logits computed step by step."""
+
+    def __init__(self, parent: LazyDecoder) -> None:
+        self.model = sharded_model(parent.folder, parent.device, parent.dtype).eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+
+    @torch.no_grad()
+    def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        states: list[torch.Tensor] = []
+        logits = self.model(ids, states=states)
+        return states, logits
+
+
+class StreamedTeacher:
+    """The parent streamed over the rows of `per_pass` steps at a time: its residual stream after every layer
+    (BF16; the last one float32) and its LM head."""
+
+    def __init__(self, parent: LazyDecoder, batches: list[torch.Tensor], train: torch.Tensor, per_pass: int,
+                 progress: Progress) -> None:
+        self.parent, self.batches, self.train, self.per_pass, self.progress = parent, batches, train, per_pass, progress
+        self.head = parent.head()
+        self.step = 0
+        self.index: dict[int, int] = {}
+        self.states: list[torch.Tensor] = []
+
+    def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        if self.step % self.per_pass == 0:
+            self._stream(torch.unique(torch.cat(self.batches[self.step:self.step + self.per_pass])))
+        self.step += 1
+        positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
+        states = [state[positions] for state in self.states]
+        with torch.no_grad():
+            return states, self.head(states[-1])
+
+    def _stream(self, rows: torch.Tensor) -> None:
+        self.progress(f"gkd: the parent, streamed over {rows.numel()} rows for the next {self.per_pass} steps")
+        self.states = []
         self.index = {int(row): position for position, row in enumerate(rows)}
+        parent = self.parent
         slots = parent.slots()
         firsts = {next(s.index for s in slots if s.layer == layer) for layer in range(1, len(parent.arch.blocks))}
         kept: list[torch.Tensor] = []
         with torch.no_grad():
-            x = parent.embedding()(ids)
+            x = parent.embedding()(self.train[rows])
             final = sweep(parent, x, lambda slot, state: kept.append(state.to(torch.bfloat16))
                           if slot.index in firsts else None)
         self.states = [*kept, final]  # after layer 0, 1, ..., the last
-
-    def targets(self, rows: torch.Tensor, head: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
-        positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
-        states = [state[positions] for state in self.states]
-        with torch.no_grad():
-            return states, head(states[-1])
 
 
 def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: int, budget_bytes: float | None,
@@ -65,9 +98,21 @@ def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: i
     return max(1, min(steps, int(budget_bytes / 4 // per_step)))
 
 
-def sharded_child(folder: Path, device: torch.device) -> Decoder:
-    """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read shard by shard."""
-    lazy = LazyDecoder(folder, device=device)
+def teacher_is_sharded(parent: LazyDecoder, child: LazyDecoder, budget_bytes: float | None) -> bool:
+    """Whether the parent's shard fits beside the child's (its parameters, gradients and AdamW states, one layer
+    of it whole) in the budget; the same rule as the dry run's (`footprint`)."""
+    if budget_bytes is None:
+        return True
+    world = parallel.rank_world()[1]
+    per_param = parent.dtype.itemsize
+    largest = max(int(sum(block.params(child.arch.hidden_size).values())) for block in child.arch.blocks)
+    need = per_param * parent.arch.total_params / world + 16 * child.arch.total_params / world + 8 * largest
+    return need <= TEACHER_SHARE * budget_bytes
+
+
+def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Decoder:
+    """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read tensor by tensor."""
+    lazy = LazyDecoder(folder, dtype=dtype, device=device)
     with torch.device("meta"):
         child = Decoder(lazy.arch, lazy.settings)
     for layer in child.layers:
@@ -113,10 +158,15 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     generator = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, train.shape[0], (budget.batch,), generator=generator) for _ in range(steps)]
     mine = [rows[rank::world] for rows in batches]
-    per_pass = steps_per_pass(mine[0].numel(), train.shape[1], len(parent.arch.blocks), parent.arch.hidden_size,
-                              budget_bytes, steps)
-    head = parent.head()
-    child = sharded_child(child_folder, parent.device)
+    teacher: ShardedTeacher | StreamedTeacher
+    if teacher_is_sharded(parent, LazyDecoder(child_folder), budget_bytes):
+        progress("gkd: the parent sharded across the ranks")
+        teacher = ShardedTeacher(parent)
+    else:
+        per_pass = steps_per_pass(mine[0].numel(), train.shape[1], len(parent.arch.blocks), parent.arch.hidden_size,
+                                  budget_bytes, steps)
+        teacher = StreamedTeacher(parent, mine, train, per_pass, progress)
+    child = sharded_model(child_folder, parent.device)
     optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -125,16 +175,8 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     child.train()
     losses: list[float] = []
     started = time.monotonic()
-    teacher: Teacher | None = None
     for step, rows in enumerate(mine, 1):
-        if (step - 1) % per_pass == 0:
-            needed = torch.unique(torch.cat(mine[step - 1:step - 1 + per_pass]))
-            progress(f"gkd: the parent, streamed over {needed.numel()} rows for steps {step}-"
-                     f"{min(steps, step - 1 + per_pass)}")
-            teacher = None
-            teacher = Teacher(parent, needed, train[needed])
-        assert teacher is not None
-        states, logits = teacher.targets(rows, head)
+        states, logits = teacher.targets(rows, train[rows])
         with autocast:
             loss = gkd_loss(child, train[rows], states, logits, world / budget.batch)
         optimiser.zero_grad(set_to_none=True)
@@ -150,7 +192,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
             eta = (time.monotonic() - started) / step * (steps - step)
             progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "
                      f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
-    del teacher, optimiser, head
+    del teacher, optimiser
     _write(child, out, parent_folder, child_folder)
     return losses
 

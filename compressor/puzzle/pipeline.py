@@ -132,6 +132,13 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: corrupt saved stage ({error}); delete it to recompute that stage") from error
 
 
+def rank_budget(plan: Plan, device: torch.device) -> float | None:
+    """Bytes a rank plans for: budgetGiB, else the GPU's memory; None (no limit) on a CPU without budgetGiB."""
+    if plan.budget_gib is not None:
+        return plan.budget_gib * 2**30
+    return float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else None
+
+
 def fits(arch: Architecture, plan: Plan) -> bool:
     """Whether a whole model may be loaded to time its decoding: float32 weights and a BF16 copy in the budget."""
     return plan.budget_gib is None or 6 * arch.total_params < plan.budget_gib * 2**30
@@ -166,20 +173,22 @@ class Round:
                 write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])
         return variants
 
-    def scores(self, current: LazyDecoder, variants: list[list[Variant]], splits: Splits) -> dict[str, Score]:
+    def scores(self, current: LazyDecoder, variants: list[list[Variant]], splits: Splits,
+               budget: float | None) -> dict[str, Score]:
         path = self.folder / "scores.json"
         known = {k: Score.model_validate(v) for k, v in _read_json(path).items()} if path.exists() else {}
         with self._stage("scoring"):
             mine = score_variants(current, variants, self.folder / "bld", self.folder / "activations",
-                                  splits.scoring, known, self.log, self._streams(current, splits))
+                                  splits.scoring, known, self.log, self._streams(current, splits, budget))
             return gather_scores(path, mine, known)
 
-    def _streams(self, current: LazyDecoder, splits: Splits) -> int:
+    @staticmethod
+    def _streams(current: LazyDecoder, splits: Splits, budget: float | None) -> int:
         """Variant streams one scoring sweep may hold: a quarter of the budget (all of them without one)."""
-        if self.plan.budget_gib is None:
+        if budget is None:
             return 10**6
         stream = splits.scoring.numel() * current.arch.hidden_size * 4
-        return max(1, int(self.plan.budget_gib * 2**30 / 4 // stream))
+        return max(1, int(budget / 4 // stream))
 
     def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
         path = self.folder / "costs.json"
@@ -261,7 +270,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
             activations.capture(current, splits.train[:bld_rows], splits.scoring, folder / "activations", log)
         with log.stage(f"round{number}.bld"):
             nmse = run_bld(current, variants, folder / "activations", plan.bld, folder / "bld", plan.seed, log)
-        scores = step.scores(current, variants, splits)
+        scores = step.scores(current, variants, splits, rank_budget(plan, device))
         summary: dict[str, Any] = {}
         if parallel.is_main():
             prices = step.costs(pricer, variants)
@@ -272,7 +281,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
         with log.stage(f"round{number}.gkd"):
             losses = gkd.distill(folder / "assembled", finished, parent, parent_dir, splits.train, budget,
-                                 plan.seed + number, log, None if plan.budget_gib is None else plan.budget_gib * 2**30)
+                                 plan.seed + number, log, rank_budget(plan, device))
         if parallel.is_main():
             summary_model = RoundSummary(
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",
