@@ -27,7 +27,7 @@ TEACHER_SHARE = 0.75  # gkd.TEACHER_SHARE: the parent's and child's shards in th
 MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
 LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring and evaluating
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
-CPU_RUNTIME_GIB = 0.5  # assumption: the Python and torch runtime per rank on a CPU
+CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
                f"each rank's runtime overhead is assumed: {GPU_RUNTIME_GIB:g} GiB on a GPU, {CPU_RUNTIME_GIB:g} GiB "
                "on a CPU",

@@ -38,7 +38,7 @@ from tailor.compressor.files import staged_folder, write_json, write_text
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.measure import MeasuredCosts, decode_step_seconds
 from tailor.compressor.memory import recipe_for, weight_bytes
-from tailor.compressor.puzzle import activations, gkd, parallel
+from tailor.compressor.puzzle import activations, gkd, parallel, peaks
 from tailor.compressor.puzzle.assembly import assemble
 from tailor.compressor.puzzle.bld import run_bld
 from tailor.compressor.puzzle.data import Splits, load_splits
@@ -52,11 +52,12 @@ from tailor.compressor.puzzle.search import Candidate, limits_for, pareto, solve
 
 
 class Log:
-    """Stage logs on stderr with elapsed time, and seconds per stage for the report."""
+    """Stage logs on stderr with elapsed time and this rank's peak memory; seconds and peaks per stage."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, dict[str, int]] = {}
 
     def __call__(self, message: str) -> None:
         rank, world = parallel.rank_world()
@@ -67,9 +68,16 @@ class Log:
     def stage(self, name: str) -> Iterator[None]:
         self(f"{name}: start")
         begin = time.monotonic()
+        peaks.reset()
         yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - begin
-        self(f"{name}: done in {time.monotonic() - begin:.1f}s")
+        peak = peaks.read()
+        self.peaks[name] = {k: max(v, self.peaks.get(name, {}).get(k, 0)) for k, v in peak.items()}
+        self(f"{name}: done in {time.monotonic() - begin:.1f}s, peak {peaks.describe(peak)}")
+
+    def save_peaks(self, out: Path) -> None:
+        """This rank's peak memory per stage: out/memory.rank{r}.json."""
+        write_json(out / f"memory.rank{parallel.rank_world()[0]}.json", self.peaks)
 
 
 def resolve_parent(name: str) -> Path:
@@ -295,10 +303,12 @@ def compress(plan: Plan, out: Path) -> Report | None:
         current = LazyDecoder(finished, device=device)
         rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
     if not parallel.is_main():
+        log.save_peaks(out)
         parallel.finish()
         return None
     report = _finish(plan, out, parent, current, parent_dir, splits, pricer, fixed, parent_price, candidates,
                      rounds, log, source.value)
+    log.save_peaks(out)
     parallel.finish()
     return report
 

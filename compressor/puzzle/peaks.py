@@ -1,0 +1,41 @@
+"""A process's peak memory over a stretch of work: resident set (Linux `VmHWM`, reset through
+`/proc/self/clear_refs`) and, on a GPU, the CUDA allocator's peak."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from pathlib import Path
+
+import torch
+
+STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def reset() -> None:
+    """Start a new peak: freed heap memory goes back to the system (glibc `malloc_trim`), then the resident
+    set's high-water mark drops to the current size."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak is then the lifetime peak
+        CLEAR.write_text("5")
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def read() -> dict[str, int]:
+    """Bytes: `rss`, the resident set's peak since `reset`; `cuda`, the allocator's peak on this device."""
+    out: dict[str, int] = {}
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                out["rss"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        out["cuda"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def describe(peak: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {value / 2**30:.2f} GiB" for kind, value in peak.items()) or "unknown"
