@@ -33,6 +33,10 @@ class StageResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    simulated: str | None = Field(None, max_length=512,
+                                  description="What produced this result when no stage computed it (the "
+                                              "devcluster's canned figures); None for a real run.")
+
     def message(self) -> str:
         text = self.model_dump_json()
         if len(text.encode()) > TERMINATION_MESSAGE_BYTES:

@@ -25,6 +25,7 @@ class Reason(StrEnum):
     """Why a condition or a stage is what it is."""
 
     JOB_SUCCEEDED = "JobSucceeded"
+    SIMULATED = "Simulated"  # a stage's result is canned (the devcluster's simulated GPU pools), not computed
     JOB_FAILED = "JobFailed"  # a Job failed without a reason of its own (else its reason is used)
     NO_RESULT = "NoResult"  # a Job succeeded without handing back a result
     INVALID_RESULT = "InvalidResult"  # a Job's result is not what tailor writes, or out of bounds

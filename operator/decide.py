@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
 from tailor.compressor.memory import RECIPES
-from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, unpack_config
+from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, StageResult, unpack_config
 from tailor.operator import names, preflight, rollout
 from tailor.operator.api import STAGE_PHASES, ArchitectureSummary, BuildStatus, CompressedModelSpec, QualityReport
 from tailor.operator.conditions import (
@@ -177,13 +177,24 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 return False
         if not message:
             raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
-        record(p, spec, plan, stage, message)
+        result = record(p, spec, plan, stage, message)
     except Refused as refused:
         progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
         raise
-    progress.state, progress.progress, progress.reason = "Succeeded", 1.0, Reason.JOB_SUCCEEDED
-    progress.completed_at, progress.message = p.world.now, None
+    progress.state, progress.progress, progress.reason = "Succeeded", 1.0, succeeded(result)
+    progress.completed_at, progress.message = p.world.now, simulated_note(result)
+    if result.simulated:
+        p.event("SimulatedResult", f"{progress.name}: {simulated_note(result)}", warning=True)
     return True
+
+
+def succeeded(result: StageResult) -> Reason:
+    return Reason.SIMULATED if result.simulated else Reason.JOB_SUCCEEDED
+
+
+def simulated_note(result: StageResult) -> str | None:
+    """What a user must know of a canned result, in the stage's and the condition's message."""
+    return None if result.simulated is None else f"SIMULATED, not computed: {result.simulated}"
 
 
 # --- results -------------------------------------------------------------------------------------------
@@ -204,17 +215,17 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
                                         f"claim failed: {refused.message}") from refused
 
 
-def record(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, message: str) -> None:
+def record(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, message: str) -> StageResult:
     """Check a stage's result (untrusted: it comes from a pod) and copy it into the status."""
     try:
-        {"compress": record_compress, "quantize": record_quantize, "evaluate": record_gate}[stage](
+        return {"compress": record_compress, "quantize": record_quantize, "evaluate": record_gate}[stage](
             p, spec, plan, message)
     except (ValidationError, ValueError, ConfigError) as error:
         raise Refused(Reason.INVALID_RESULT, f"the {stage} Job's result is not what tailor writes: "
                                              f"{str(error)[:1024]}") from error
 
 
-def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> StageResult:
     result = CompressResult.model_validate_json(message)
     config = unpack_config(result.config)
     arch = architecture_from_config(config, f"the compress Job's child config of {p.name}")
@@ -227,16 +238,18 @@ def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
         total_params_billions=round(result.params / 1e9, 4),
         active_params_billions=round(result.active_params / 1e9, 4), blocks=len(arch.blocks), precision=p.build.recipe,
         summary=f"{result.pattern}; predicted {result.predicted_speedup:.3f}x decode, KL to parent "
-                f"{result.kl_to_parent:.4f}")
-    p.condition(COMPRESSED, True, Reason.JOB_SUCCEEDED, f"{result.params / 1e9:.3f}B parameters "
-                f"({result.active_params / 1e9:.3f}B active) from {result.parent_params / 1e9:.3f}B")
+                f"{result.kl_to_parent:.4f}" + (" (SIMULATED)" if result.simulated else ""))
+    p.condition(COMPRESSED, True, succeeded(result), f"{result.params / 1e9:.3f}B parameters "
+                f"({result.active_params / 1e9:.3f}B active) from {result.parent_params / 1e9:.3f}B"
+                + (f"; {simulated_note(result)}" if result.simulated else ""))
     cap = spec.compression.max_active_params_billions
     if cap is not None and result.active_params > cap * 1e9:
         raise Refused(Reason.ACTIVE_PARAMS_ABOVE_CAP, f"the child has {result.active_params / 1e9:.3f}B active "
                                                       f"parameters, above maxActiveParamsBillions {cap}")
+    return result
 
 
-def record_quantize(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+def record_quantize(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> StageResult:
     result = QuantizeResult.model_validate_json(message)
     recipe = RECIPES.get(result.recipe)
     if recipe is None or recipe.precision is not plan.precision:
@@ -247,10 +260,12 @@ def record_quantize(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
     p.status.build = p.build.model_copy(update={"recipe": recipe.name, "weight_bytes": result.weight_bytes})
     if p.status.architecture is not None:
         p.status.architecture.precision = recipe.name
-    p.condition(QUANTIZED, True, Reason.JOB_SUCCEEDED, f"{recipe.name}: {result.weight_bytes / 1e9:.3f} GB of weights")
+    p.condition(QUANTIZED, True, succeeded(result), f"{recipe.name}: {result.weight_bytes / 1e9:.3f} GB of weights"
+                + (f"; {simulated_note(result)}" if result.simulated else ""))
+    return result
 
 
-def record_gate(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> None:
+def record_gate(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> StageResult:
     """The operator's own verdict from the measured scores and the spec's floor (the pod's `passed` is not
     trusted)."""
     gate = GateResult.model_validate_json(message)
@@ -262,9 +277,10 @@ def record_gate(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: st
     p.status.quality = QualityReport(metric=gate.metric, parent_score=gate.parent_score, child_score=gate.child_score,
                                      retention=round(retention, 6), passed=passed)
     verdict = (f"retention {retention:.4f} against a floor of {floor} ({gate.metric}: child {gate.child_score:.4f}, "
-               f"parent {gate.parent_score:.4f})")
+               f"parent {gate.parent_score:.4f})" + (f"; {simulated_note(gate)}" if gate.simulated else ""))
     reason = Reason.QUALITY_GATE_PASSED if passed else Reason.QUALITY_GATE_FAILED
     p.condition(QUALITY_GATE_PASSED, passed, reason, verdict)
     if not passed:
         raise Refused(Reason.QUALITY_GATE_FAILED, verdict)
     p.event("QualityGatePassed", verdict)
+    return gate

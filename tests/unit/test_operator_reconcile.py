@@ -132,6 +132,20 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     assert kube.obj("Service", "m-h100")["spec"]["selector"]["tailor.dev/revision"] == "g1"
     assert [s.state for s in status.stages] == ["Succeeded"] * 4
     assert {"JobCreated", "QualityGatePassed", "Ready"} <= {reason for _, reason, _ in kube.events}
+    # the devcluster's canned results say so wherever a user looks: stage, condition, events
+    assert [s.reason for s in status.stages[:3]] == ["Simulated"] * 3
+    assert all("SIMULATED, not computed" in (s.message or "") for s in status.stages[:3])
+    compressed = next(c for c in status.conditions if c.type == "Compressed")
+    assert compressed.reason == "Simulated" and "kwok ended the pod" in compressed.message
+    assert sum(reason == "SimulatedResult" for _, reason, _ in kube.events) == 3
+
+
+def test_a_real_result_is_not_marked_simulated(kube: FakeKube) -> None:
+    results = {key: json.dumps({**json.loads(value), "simulated": None}) for key, value in published_results().items()}
+    kube.apply(manifest(results=results))
+    status = drive(kube, "Ready").status
+    assert [s.reason for s in status.stages[:3]] == ["JobSucceeded"] * 3
+    assert "SimulatedResult" not in {reason for _, reason, _ in kube.events}
 
 
 def test_a_ready_object_writes_no_status_when_nothing_changed(kube: FakeKube) -> None:
