@@ -110,9 +110,9 @@ def time_call(run: Callable[[], object], dev: torch.device, min_seconds: float =
     return statistics.median(samples)
 
 
-def decode_step_seconds(model: Decoder, batch: int, context: int) -> float:
-    """One decode step of a whole model (a BF16 copy) for `batch` requests after `context` tokens, timed as the
-    parts are: the median of single steps, each appending its token after the same `context` cached ones."""
+def decode_step_runner(model: Decoder, batch: int, context: int) -> Callable[[], torch.Tensor]:
+    """One decode step of a whole model (a BF16 copy) for `batch` requests after `context` tokens, as a closure:
+    every call appends its token after the same `context` cached ones, as the parts are timed."""
     runner = copy.deepcopy(model).to(DTYPE).eval()
     dev = runner.embedding.weight.device
     with torch.inference_mode():
@@ -121,14 +121,19 @@ def decode_step_seconds(model: Decoder, batch: int, context: int) -> float:
                                generator=torch.Generator(dev).manual_seed(0))
         token = runner(prompt, caches)[:, -1:].argmax(-1)
 
-        def step() -> torch.Tensor:
-            for cache in caches:
-                if isinstance(cache, KVCache):
-                    cache.length = context
-            result: torch.Tensor = runner(token, caches)[:, -1:].argmax(-1)
-            return result
+    def step() -> torch.Tensor:
+        for cache in caches:
+            if isinstance(cache, KVCache):
+                cache.length = context
+        result: torch.Tensor = runner(token, caches)[:, -1:].argmax(-1)
+        return result
 
-        return time_call(step, dev)
+    return step
+
+
+def decode_step_seconds(model: Decoder, batch: int, context: int) -> float:
+    """One decode step of a whole model, timed as the parts are: the median of single steps."""
+    return time_call(decode_step_runner(model, batch, context), model.embedding.weight.device)
 
 
 class MeasuredCosts:
@@ -143,6 +148,17 @@ class MeasuredCosts:
         described = json.dumps([part.model_dump(mode="json"), hidden, work.model_dump(mode="json"),
                                 str(DTYPE), torch.__version__, KEY_VERSION], sort_keys=True)
         return hashlib.sha256(described.encode()).hexdigest()[:24]
+
+    def fresh(self, part: Part, hidden: int, work: Workload) -> Callable[[], object]:
+        """A runner for timing `part` now, whatever the cache holds."""
+        torch.manual_seed(0)
+        return _runner(part, hidden, work, self.device)
+
+    def remember(self, seconds: dict[str, float], forget_the_rest: bool = False) -> None:
+        """Store timings taken now; `forget_the_rest`: drop every other cached timing (taken under other
+        conditions), so what this run needs is timed again."""
+        self.cache = {**({} if forget_the_rest else self.cache), **seconds}
+        self._save()
 
     def seconds(self, part: Part, hidden: int, work: Workload) -> float:
         key = self.key(part, hidden, work)

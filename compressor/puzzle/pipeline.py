@@ -36,11 +36,20 @@ from tailor.compressor.architecture import Architecture
 from tailor.compressor.checkpoint import CheckpointError, read_config
 from tailor.compressor.files import staged_folder, write_json, write_text
 from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.measure import MeasuredCosts, decode_step_seconds
+from tailor.compressor.measure import MeasuredCosts
 from tailor.compressor.memory import recipe_for, weight_bytes
+from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import activations, gkd, parallel, peaks
 from tailor.compressor.puzzle.assembly import assemble
 from tailor.compressor.puzzle.bld import run_bld
+from tailor.compressor.puzzle.calibration import (
+    RESOLVES,
+    SPEED_TOLERANCE,
+    SpeedCheckError,
+    calibrate,
+    measured_speedup,
+    speed_miss,
+)
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
@@ -223,6 +232,56 @@ class Round:
         return chosen, summary, candidates
 
 
+    def settle(self, current: LazyDecoder, parent: LazyDecoder, variants: list[list[Variant]],
+               scores: dict[str, Score], pricer: Pricer, timer: MeasuredCosts | None,
+               parent_dir: Path) -> tuple[dict[str, Any], list[list[Candidate]]]:
+        """Price, search and assemble; with measured costs, time the assembled child against the parent and, when
+        it misses the predicted speed-up by more than SPEED_TOLERANCE, re-measure everything and search again
+        (at most RESOLVES times), then fail naming both figures."""
+        measuring = timer is not None and fits(parent.arch, self.plan)
+        for search in range(1, RESOLVES + 2):
+            fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
+            prices = self.costs(pricer, variants)
+            chosen, summary, candidates = self.search(variants, scores, prices, fixed, parent_price)
+            with self._stage("assembly"):
+                assemble(current, chosen, self.folder / "bld", self.folder / "assembled", parent_dir)
+            child_price = Price.total([fixed, *(prices[f"{v.slot}:{v.label}"] for v in chosen)])
+            predicted = parent_price.decode_s / child_price.decode_s
+            summary.update(predicted_speedup=predicted, measured_speedup=None, searches=search)
+            if not measuring:
+                return summary, candidates
+            assert timer is not None
+            with self._stage("speed-check"):
+                whole = parent.load()
+                measured = measured_speedup(whole, LazyDecoder(self.folder / "assembled").load(), pricer.decode)
+            summary["measured_speedup"] = measured
+            self.log(f"round {self.number}: the assembled child measured {measured:.3f}x the parent's decode speed, "
+                     f"the search predicted {predicted:.3f}x")
+            miss = speed_miss(predicted, measured)
+            if miss <= SPEED_TOLERANCE:
+                return summary, candidates
+            if search > RESOLVES:
+                raise SpeedCheckError(
+                    f"round {self.number}: the child measured {measured:.3f}x the parent's decode speed, the search "
+                    f"predicted {predicted:.3f}x (more than {SPEED_TOLERANCE:.0%} apart) after {search} searches, "
+                    "each on costs timed again; the timings on this machine do not describe the models it runs "
+                    "(run on a quiet machine, or set target.costs: roofline)")
+            self.log(f"round {self.number}: {miss:.0%} off the prediction: timing every "
+                     "variant and the parent again, then searching again")
+            timer.remember({}, forget_the_rest=True)
+            (self.folder / "costs.json").unlink(missing_ok=True)
+            _calibrate(pricer, timer, parent, self.log, whole)
+        raise AssertionError("unreachable")
+
+
+def _calibrate(pricer: Pricer, timer: MeasuredCosts, parent: LazyDecoder, log: Log,
+               whole: Decoder | None = None) -> bool:
+    """Calibrate the fixed decode cost on the parent; True when cached timings were stale and dropped."""
+    calibration = calibrate(whole or parent.load(), timer, pricer.decode, log)
+    pricer.calibrate_decode(calibration.fixed_s)
+    return calibration.stale
+
+
 def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:
     return Price.total([pricer.fixed, *(pricer.price(slot.part, slot.kind) for slot in parent.slots())])
 
@@ -248,15 +307,13 @@ def compress(plan: Plan, out: Path) -> Report | None:
         splits = Splits(*(t.to(device) for t in (splits.train, splits.scoring, splits.evaluation)))
         log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
-    pricer = Pricer(parent.arch, plan.target, MeasuredCosts(dev=device) if source is CostSource.MEASURED else None)
+    timer = MeasuredCosts(dev=device) if source is CostSource.MEASURED else None
+    pricer = Pricer(parent.arch, plan.target, timer)
+    stale = False
     with log.stage("costs.parent"):
-        if source is CostSource.MEASURED and fits(parent.arch, plan):
-            whole = decode_step_seconds(parent.load(), plan.target.batch, plan.target.context)
-            blocks = sum(pricer.price(slot.part, slot.kind).decode_s for slot in parent.slots())
-            pricer.calibrate_decode(whole, blocks)
-            log(f"costs: a parent decode step takes {whole * 1e3:.2f} ms, its blocks {blocks * 1e3:.2f} ms when timed "
-                f"alone; the rest ({pricer.fixed.decode_s * 1e3:.2f} ms) is the fixed cost")
-        elif source is CostSource.MEASURED:
+        if timer is not None and fits(parent.arch, plan):
+            stale = _calibrate(pricer, timer, parent, log)
+        elif timer is not None:
             log("costs: the parent does not fit budgetGiB whole, so its decode step is not timed; the fixed cost is "
                 "the LM head's, timed alone")
         fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
@@ -281,10 +338,9 @@ def compress(plan: Plan, out: Path) -> Report | None:
         scores = step.scores(current, variants, splits, rank_budget(plan, device))
         summary: dict[str, Any] = {}
         if parallel.is_main():
-            prices = step.costs(pricer, variants)
-            chosen, summary, candidates = step.search(variants, scores, prices, fixed, parent_price)
-            with log.stage(f"round{number}.assembly"):
-                assemble(current, chosen, folder / "bld", folder / "assembled", parent_dir)
+            if stale:
+                (folder / "costs.json").unlink(missing_ok=True)  # priced with timings taken under other conditions
+            summary, candidates = step.settle(current, parent, variants, scores, pricer, timer, parent_dir)
         parallel.barrier()
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
         with log.stage(f"round{number}.gkd"):
@@ -295,7 +351,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",
                                                                  "active_params"}),
                 achieved=summary["achieved"], score=summary["score"], alternatives=summary["alternatives"],
-                gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
+                predicted_speedup=summary["predicted_speedup"], measured_speedup=summary["measured_speedup"],
+                searches=summary["searches"], gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
                 bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)
             write_json(folder / "round.json", summary_model.model_dump())
             shutil.rmtree(folder / "activations")
@@ -306,6 +363,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         log.save_peaks(out)
         parallel.finish()
         return None
+    fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)  # as the last search saw them
     report = _finish(plan, out, parent, current, parent_dir, splits, pricer, fixed, parent_price, candidates,
                      rounds, log, source.value)
     log.save_peaks(out)

@@ -82,12 +82,13 @@ class Pricer:
         self.prefill = Workload(phase=Phase.PREFILL, batch=target.batch, context=target.context)
         self.fixed = self._fixed()
 
-    def calibrate_decode(self, parent_step_s: float, parent_blocks_s: float) -> None:
-        """Measured costs: a whole decode step of the parent, timed, minus its blocks' timings becomes the fixed
-        decode cost (LM head, embedding, and the per-step work between blocks that timing blocks alone misses),
-        so predicted speed-ups are ratios of real steps."""
-        self.fixed = self.fixed.model_copy(update={"decode_s": max(self.fixed.decode_s,
-                                                                   parent_step_s - parent_blocks_s)})
+    def calibrate_decode(self, fixed_s: float) -> None:
+        """Measured costs: what a whole decode step of the parent takes beyond its blocks timed alone becomes the
+        fixed decode cost (LM head, embedding, and the per-step work between blocks that timing blocks alone
+        misses; `calibration.calibrate`), never below the LM head's own timing, so predicted speed-ups are ratios
+        of real steps."""
+        head = self._fixed()
+        self.fixed = head.model_copy(update={"decode_s": max(head.decode_s, fixed_s)})
 
     def _seconds(self, part: Part, work: Workload) -> float:
         if self.timer is not None:

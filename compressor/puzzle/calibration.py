@@ -1,0 +1,147 @@
+"""Measured costs that check themselves: the fixed cost of a decode step from paired timings, and the child's
+speed-up measured against the search's prediction.
+
+Measured costs time each block variant alone. A whole decode step costs more than its blocks: the LM head, the
+embedding, the work between blocks. That rest, the fixed cost, is calibrated on the parent. Its whole step and
+its blocks are timed side by side, `ROUNDS` times interleaved and fresh (never from the cache), and the fixed
+cost is the median of the paired differences. One slow sample cannot decide it.
+
+The split is refused, with the figures, when it is implausible (after a second try with twice the pairs):
+- the rest is more than `HEAD_MULTIPLE` LM heads (timed alone) plus `OVERHEAD_SHARE` of a step, or below
+  -`OVERHEAD_SHARE` of a step (blocks alone slower than the whole);
+- or the differences scatter by more than `MAX_SPREAD` of a step.
+Block timings cached by earlier runs are kept only if the parent's blocks, timed fresh now, agree with them
+within `CACHE_DRIFT`. Otherwise they are dropped, and every variant is timed again in this run.
+
+After assembly, the child's whole step is timed beside the parent's, and the measured speed-up is compared
+with the prediction (`speedup_check`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+from pydantic import BaseModel
+
+from tailor.compressor.costs import Workload
+from tailor.compressor.measure import MeasuredCosts, decode_step_runner, time_call
+from tailor.compressor.modeling import Decoder
+
+ROUNDS = 5
+HEAD_MULTIPLE = 3.0  # the fixed cost is the LM head and the work between blocks: a few heads' worth at most ...
+OVERHEAD_SHARE = 0.25  # ... plus this share of a step; more means the step and the blocks were timed apart
+MAX_SPREAD = 0.25  # median absolute deviation of the paired differences, as a share of a parent step
+CACHE_DRIFT = 0.2  # cached block timings more than this far from fresh ones were taken under other conditions
+SPEED_TOLERANCE = 0.3  # measured speed-up / predicted, either way, before the search is re-measured and re-run
+RESOLVES = 2  # re-measured searches before a miss fails the run
+Progress = Callable[[str], None]
+
+
+class CalibrationError(ValueError):
+    """Timings that cannot be trusted: the message gives them and what to do."""
+
+
+class SpeedCheckError(ValueError):
+    """A child whose measured speed-up stayed off the prediction after re-measured searches."""
+
+
+class Calibration(BaseModel):
+    """The parent's decode step against its blocks, timed in pairs (seconds, medians)."""
+
+    step_s: float
+    blocks_s: float
+    head_s: float  # the LM head timed alone
+    fixed_s: float  # median of the paired differences
+    spread: float  # their median absolute deviation, as a share of the step
+    rounds: int
+    cache_drift: float | None  # cached / fresh block timings - 1, where the cache held them
+    stale: bool  # the cache was dropped: costs saved by an earlier run must be recomputed too
+
+
+def _median_pairs(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float]:
+    steps, blocks = zip(*pairs, strict=True)
+    differences = [s - b for s, b in pairs]
+    fixed = statistics.median(differences)
+    step = statistics.median(steps)
+    spread = statistics.median(abs(d - fixed) for d in differences) / step
+    return step, statistics.median(blocks), fixed, spread
+
+
+def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Progress,
+              rounds: int = ROUNDS) -> Calibration:
+    """Time the parent's whole step and its blocks in `rounds` interleaved pairs; refuse an implausible split."""
+    hidden = model.arch.hidden_size
+    keys = [timer.key(slot.part, hidden, work) for slot in model.slots()]
+    counts = Counter(keys)
+    parts = {key: slot.part for key, slot in zip(keys, model.slots(), strict=True)}
+    runners = {key: timer.fresh(part, hidden, work) for key, part in parts.items()}
+    step = decode_step_runner(model, work.batch, work.context)
+    device = model.embedding.weight.device
+    pairs: list[tuple[float, float]] = []
+    fresh: dict[str, list[float]] = {key: [] for key in runners}
+    for _ in range(rounds):
+        whole = time_call(step, device, min_seconds=0.1)
+        for key, run in runners.items():
+            fresh[key].append(time_call(run, device, min_seconds=0.05))
+        pairs.append((whole, sum(counts[key] * fresh[key][-1] for key in runners)))
+    step_s, blocks_s, fixed_s, spread = _median_pairs(pairs)
+    medians = {key: statistics.median(values) for key, values in fresh.items()}
+    cached = [timer.cache.get(key) for key in keys]
+    drift = None
+    if all(value is not None for value in cached):
+        drift = sum(v for v in cached if v is not None) / sum(medians[key] for key in keys) - 1
+    stale = drift is not None and abs(drift) > CACHE_DRIFT
+    if stale:
+        progress(f"costs: cached block timings are {drift:+.0%} off the parent's blocks timed now; dropping them, "
+                 "every variant is timed again")
+    timer.remember(medians, forget_the_rest=stale)
+    head_s = timer.head_seconds(hidden, model.arch.vocab_size, work)
+    found = Calibration(step_s=step_s, blocks_s=blocks_s, head_s=head_s, fixed_s=fixed_s, spread=spread,
+                        rounds=rounds, cache_drift=drift, stale=stale)
+    problem = implausible(found)
+    if problem and rounds == ROUNDS:
+        progress(f"costs: {problem}; timing {2 * rounds} pairs instead")
+        again = calibrate(model, timer, work, progress, 2 * rounds)
+        return again.model_copy(update={"stale": stale or again.stale})
+    if problem:
+        raise CalibrationError(f"costs: {problem}; the timings on this machine are too noisy to price the search "
+                               "(run on a quiet machine, or set target.costs: roofline)")
+    progress(f"costs: a parent decode step takes {step_s * 1e3:.2f} ms, its blocks {blocks_s * 1e3:.2f} ms when timed "
+             f"alone; the rest ({fixed_s * 1e3:.2f} ms) is the fixed cost (medians of {rounds} interleaved pairs, "
+             f"spread {spread:.1%} of a step)")
+    return found
+
+
+def implausible(found: Calibration) -> str | None:
+    """Why a calibration cannot be trusted, or None."""
+    if found.spread > MAX_SPREAD:
+        return (f"the parent's step minus its blocks varied by {found.spread:.0%} of a step between {found.rounds} "
+                f"paired timings (at most {MAX_SPREAD:.0%})")
+    ceiling = HEAD_MULTIPLE * found.head_s + OVERHEAD_SHARE * found.step_s
+    if not -OVERHEAD_SHARE * found.step_s <= found.fixed_s <= ceiling:
+        return (f"a parent decode step took {found.step_s * 1e3:.2f} ms and its blocks {found.blocks_s * 1e3:.2f} "
+                f"ms when timed alone, so {found.fixed_s * 1e3:.2f} ms would be fixed cost; its LM head takes "
+                f"{found.head_s * 1e3:.2f} ms, so at most {ceiling * 1e3:.2f} ms is plausible")
+    return None
+
+
+def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> float:
+    """The child's decode speed-up over the parent: the median of `rounds` paired step timings."""
+    device = parent.embedding.weight.device
+    runners = [decode_step_runner(model, work.batch, work.context) for model in (parent, child)]
+    ratios = []
+    for _ in range(rounds):
+        parent_s, child_s = (time_call(run, device, min_seconds=0.1) for run in runners)
+        ratios.append(parent_s / child_s)
+    del runners
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return statistics.median(ratios)
+
+
+def speed_miss(predicted: float, measured: float) -> float:
+    """How far the measured speed-up is from the prediction, as a share of it (either way)."""
+    return abs(measured / predicted - 1)
