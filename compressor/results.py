@@ -57,6 +57,8 @@ class CompressResult(StageResult):
     pattern: str = Field(max_length=TERMINATION_MESSAGE_BYTES, pattern=r"^[*ME\-L0]*$",
                          description="One code per sub-layer: * attention, M Mamba, - MLP, E MoE, L linear, 0 removed.")
     predicted_speedup: Positive
+    measured_speedup: Positive | None = Field(None, description="Decode tokens/s of the child over the parent, "
+                                                                "measured in the Job; None where not measured.")
     kl_to_parent: Positive
     config: str = Field(max_length=TERMINATION_MESSAGE_BYTES,
                         description="The child's config.json, gzip-compressed and base64-encoded.")

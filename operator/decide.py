@@ -234,10 +234,11 @@ def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
     p.status.build = p.build.model_copy(update={"child_config": result.config})
     if plan.quantize is None:
         p.status.build = p.build.model_copy(update={"recipe": "bf16"})
+    measured = "not measured" if result.measured_speedup is None else f"measured {result.measured_speedup:.3f}x"
     p.status.architecture = ArchitectureSummary(
         total_params_billions=round(result.params / 1e9, 4),
         active_params_billions=round(result.active_params / 1e9, 4), blocks=len(arch.blocks), precision=p.build.recipe,
-        summary=f"{result.pattern}; predicted {result.predicted_speedup:.3f}x decode, KL to parent "
+        summary=f"{result.pattern}; predicted {result.predicted_speedup:.3f}x decode, {measured}, KL to parent "
                 f"{result.kl_to_parent:.4f}" + (" (SIMULATED)" if result.simulated else ""))
     p.condition(COMPRESSED, True, succeeded(result), f"{result.params / 1e9:.3f}B parameters "
                 f"({result.active_params / 1e9:.3f}B active) from {result.parent_params / 1e9:.3f}B"

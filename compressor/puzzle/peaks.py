@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import ctypes
+import gc
 from pathlib import Path
 
 import torch

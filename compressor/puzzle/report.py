@@ -87,6 +87,7 @@ def compress_result(report: Report, child: Path) -> CompressResult:
     return CompressResult(child=str(child), params=report.child.params, active_params=report.child.active_params,
                           parent_params=report.parent.params, parent_active_params=report.parent.active_params,
                           pattern=report.child.pattern, predicted_speedup=report.predicted_speedup,
+                          measured_speedup=report.measured_speedup,
                           kl_to_parent=report.kl_to_parent,
                           config=pack_config(json.loads((child / "config.json").read_text())))
 
