@@ -16,10 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Architecture, Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.architecture import Architecture, Part
 from tailor.compressor.hardware import GpuProfile, Precision
+from tailor.compressor.puzzle.options import is_hybrid, part_options
 from tailor.compressor.puzzle.plan import Plan
-from tailor.compressor.serving.engines import Engine
 
 GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
@@ -146,34 +146,11 @@ def child_share(arch: Architecture, plan: Plan) -> float:
 
 
 def variants_per_slot(arch: Architecture, plan: Plan) -> list[tuple[int, Part, int]]:
-    """(block index, part, variant count) per slot: an estimate of what `puzzle/library.py` offers (the current
-    part, each size on the library's lists, a linear map and removal where the engine loads them); sizes that
-    round to the same value are counted twice."""
-    library, vllm = plan.library, plan.engine is Engine.VLLM
-    out = []
-    for index, block in enumerate(arch.blocks):
-        for part in block.parts():
-            count = 1
-            if isinstance(part, Attention):
-                heads = library.kv_heads if library.kv_heads is not None else [
-                    n for n in range(1, part.num_kv_heads) if part.num_heads % n == 0]
-                count += len({n for n in heads if n < part.num_kv_heads and part.num_kv_heads % n == 0})
-            elif isinstance(part, Mlp):
-                count += len(library.ffn_widths)
-            elif isinstance(part, Mamba):
-                count += math.prod(len(sizes) + 1 for sizes in (library.mamba_heads, library.mamba_head_dims,
-                                                                  library.ssm_states)) - 1
-            elif isinstance(part, Moe):
-                shared = library.shared_widths if part.shared_width else []
-                count += math.prod(len(sizes) + 1 for sizes in (library.experts_kept, library.top_k,
-                                                                  library.expert_widths, shared)) - 1
-            if library.linear and not vllm and not isinstance(part, Linear | NoOp):
-                count += 1
-            if library.no_op and not isinstance(part, NoOp) and not (vllm and index == 0 and
-                                                                      isinstance(part, Attention)):
-                count += 1
-            out.append((index, part, count))
-    return out
+    """(block index, part, variant count) per slot of the parent: what the library offers in the first round
+    (`options.part_options`, the same function the pipeline uses)."""
+    hybrid = is_hybrid(arch)
+    return [(index, part, len(part_options(part, part, index, plan.library, plan.engine, hybrid)))
+            for index, block in enumerate(arch.blocks) for part in block.parts()]
 
 
 # --- the stages -----------------------------------------------------------------------------------------

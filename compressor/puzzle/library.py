@@ -11,13 +11,12 @@
   output on the calibration activations (the optimum of an unnormalised local-distillation loss), at
   least as close as the paper's W_up.W_down / W_V.W_O products. For a child served by vLLM (the plan's
   `engine`) neither a linear map nor removing the first block's attention is offered: vLLM cannot load them.
-Sizes are shares of the parent's, so a later Iterative Puzzle round offers the same sizes again.
+Which sizes each slot is offered: `options.py`.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Annotated
 
 import torch
@@ -37,10 +36,9 @@ from tailor.compressor.modeling import (
     residual,
 )
 from tailor.compressor.moe import MixtureOfExperts, ReluSquaredMlp
+from tailor.compressor.puzzle.options import part_options
 from tailor.compressor.puzzle.plan import Library
 from tailor.compressor.serving.engines import Engine
-
-WIDTH_MULTIPLE = 16
 
 
 class Variant(BaseModel):
@@ -77,58 +75,11 @@ def part_label(part: Part) -> str:
     return "linear" if isinstance(part, Linear) else "noop"
 
 
-def _sizes(parent: int, shares: list[float], current: int, multiple: int = 1) -> list[int]:
-    """Sizes from shares of the parent's, rounded to `multiple`, at most the current size, largest first."""
-    sizes = {max(multiple, round(share * parent / multiple) * multiple) for share in [1.0, *shares]}
-    return sorted({min(size, current) for size in sizes}, reverse=True)
-
-
-def _mamba_options(current: Mamba, parent: Mamba, library: Library) -> list[Part]:
-    heads = _sizes(parent.num_heads, library.mamba_heads, current.num_heads, parent.n_groups)
-    dims = _sizes(parent.head_dim, library.mamba_head_dims, current.head_dim)
-    states = _sizes(parent.state_size, library.ssm_states, current.state_size)
-    return [current.model_copy(update={"num_heads": h, "head_dim": d, "state_size": n})
-            for h, d, n in itertools.product(heads, dims, states)]
-
-
-def _moe_options(current: Moe, parent: Moe, library: Library) -> list[Part]:
-    experts = _sizes(parent.num_experts, library.experts_kept, current.num_experts)
-    top_k = _sizes(parent.top_k, library.top_k, current.top_k)
-    widths = _sizes(parent.expert_width, library.expert_widths, current.expert_width, WIDTH_MULTIPLE)
-    shared = _sizes(parent.shared_width, library.shared_widths, current.shared_width, WIDTH_MULTIPLE) \
-        if current.shared_width else [0]
-    return [current.model_copy(update={"num_experts": e, "top_k": min(k, e), "expert_width": w, "shared_width": s})
-            for e, k, w, s in itertools.product(experts, top_k, widths, shared)]
-
-
-def slot_variants(slot: Slot, parent_part: Part, library: Library, engine: Engine = Engine.VLLM) -> list[Variant]:
-    """The current part first, then every smaller option the library allows from it that `engine` loads
-    (vLLM: no linear maps, and the first block keeps its attention; `serving/engines.py`)."""
-    current = slot.part
-    options: list[Part] = [current]
-    if isinstance(current, Attention):
-        counts = library.kv_heads if library.kv_heads is not None else [
-            n for n in range(1, current.num_kv_heads) if current.num_heads % n == 0]
-        options += [current.model_copy(update={"num_kv_heads": n}) for n in sorted(set(counts), reverse=True)
-                    if n < current.num_kv_heads and current.num_kv_heads % n == 0]
-    elif isinstance(current, Mlp):
-        assert isinstance(parent_part, Mlp)
-        widths = _sizes(parent_part.intermediate_size, library.ffn_widths, current.intermediate_size, WIDTH_MULTIPLE)
-        options += [Mlp(intermediate_size=w, gated=current.gated) for w in widths if w < current.intermediate_size]
-    elif isinstance(current, Mamba):
-        assert isinstance(parent_part, Mamba)
-        options += _mamba_options(current, parent_part, library)
-    elif isinstance(current, Moe):
-        assert isinstance(parent_part, Moe)
-        options += _moe_options(current, parent_part, library)
-    vllm = engine is Engine.VLLM
-    if library.linear and not vllm and not isinstance(current, Linear | NoOp):
-        options.append(Linear())
-    keeps_attention = vllm and slot.layer == 0 and isinstance(current, Attention)
-    if library.no_op and not keeps_attention and not isinstance(current, NoOp):
-        options.append(NoOp())
-    unique = list(dict.fromkeys(options))  # drops options equal to the current part
-    return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(unique)]
+def slot_variants(slot: Slot, parent_part: Part, library: Library, engine: Engine = Engine.VLLM,
+                  hybrid: bool = False) -> list[Variant]:
+    """The slot's options (`options.part_options`: the current part first) as variants."""
+    options = part_options(slot.part, parent_part, slot.layer, library, engine, hybrid)
+    return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(options)]
 
 
 def _least_squares(inputs: torch.Tensor, outputs: torch.Tensor, ridge: float = 1e-3) -> torch.Tensor:

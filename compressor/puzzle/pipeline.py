@@ -53,6 +53,7 @@ from tailor.compressor.puzzle.calibration import (
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
+from tailor.compressor.puzzle.options import is_hybrid
 from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
@@ -184,7 +185,8 @@ class Round:
     def library(self, current: LazyDecoder, parent: LazyDecoder) -> list[list[Variant]]:
         parent_parts = [slot.part for slot in parent.slots()]
         with self._stage("library"):
-            variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library, self.plan.engine)
+            hybrid = is_hybrid(parent.arch)
+            variants = [slot_variants(slot, parent_parts[slot.index], self.plan.library, self.plan.engine, hybrid)
                         for slot in current.slots()]
             if parallel.is_main():
                 write_json(self.folder / "library.json", [[v.label for v in options] for options in variants])

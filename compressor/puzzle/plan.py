@@ -113,13 +113,20 @@ class Library(_Spec):
     ssm_states: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
                                     description="SSM state sizes as shares of the parent's; one size is "
                                                 "chosen for every Mamba block.")
-    expert_widths: list[Share] = Field([0.75, 0.5], max_length=MAX_VARIANTS,
-                                       description="Routed-expert widths as shares of the parent's.")
+    expert_widths: list[Share] = Field([0.75, 0.6, 0.5], max_length=MAX_VARIANTS,
+                                       description="Routed-expert widths as shares of the parent's (in multiples "
+                                                   "of 128 channels for experts at least 512 wide).")
     experts_kept: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
                                       description="Routed experts kept (the least important by removal "
                                                   "go), as shares of the parent's.")
     top_k: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
                                description="Experts per token as shares of the parent's top-k.")
+    top_k_values: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        [], max_length=MAX_VARIANTS, description="Experts per token as counts, beside the shares of topK.")
+    keep_attention: bool | None = Field(None, description="Offer no variant of attention blocks (keep them whole). "
+                                                          "Default: true for hybrid (NemotronH) parents, whose few "
+                                                          "attention layers the published child kept; false for "
+                                                          "Llama parents.")
     shared_widths: list[Share] = Field([], max_length=MAX_VARIANTS,
                                        description="Shared-expert widths as shares of the parent's.")
 

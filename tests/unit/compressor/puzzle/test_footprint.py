@@ -24,9 +24,9 @@ def test_the_child_is_bounded_by_the_tightest_target() -> None:
 
 def test_variants_per_slot_follow_the_library() -> None:
     counts = {SUPER.blocks[index].code: count for index, _, count in variants_per_slot(SUPER, PUBLISHED)}
-    # Mamba: 3 head counts x 2 head dims x 2 states, and removal; MoE: 2 x 2 x 3, and removal; attention
-    # with 2 KV heads: 1 KV head, and removal
-    assert counts == {"M": 13, "E": 13, "*": 3}
+    # Mamba: 3 head counts x 2 head dims x 2 states, and removal; MoE: 2 expert counts x 2 top-k x 4 widths, and
+    # removal; attention is kept whole in a hybrid parent (the published child kept it)
+    assert counts == {"M": 13, "E": 17, "*": 1}
 
 
 def test_the_published_case_fits_on_two_nodes_of_8_b200() -> None:
@@ -77,3 +77,27 @@ def test_a_stated_budget_and_the_cpu_profile() -> None:
     assert fp.on_cpu and fp.fits and fp.budget_bytes == CATALOG.get("cpu").memory_bytes // 2  # ranks share RAM
     peak = max(need.peak_bytes for need in fp.stages if need.ranks == "all")
     assert fp.host_bytes_per_node() >= 2 * peak
+
+
+def test_the_default_library_can_make_the_published_child() -> None:
+    """The published child: all 8 attention layers kept, routed experts cut unevenly to a mean of ~60% of 2688,
+    top-k 22 -> a mean of ~10, the SSM state 128 -> 96 everywhere. Each is among the defaults' options."""
+    from tailor.compressor.architecture import Mamba, Moe
+    from tailor.compressor.puzzle.options import part_options
+
+    mamba = next(p for b in SUPER.blocks for p in b.parts() if isinstance(p, Mamba))
+    moe = next(p for b in SUPER.blocks for p in b.parts() if isinstance(p, Moe))
+    library = PUBLISHED.library
+    assert {p.state_size for p in part_options(mamba, mamba, 1, library, hybrid=True) if isinstance(p, Mamba)} == {
+        128, 96}
+    options = [p for p in part_options(moe, moe, 1, library, hybrid=True) if isinstance(p, Moe)]
+    widths = sorted({p.expert_width for p in options})
+    assert widths == [1280, 1664, 2048, 2688] and all(w % 128 == 0 for w in widths)  # 0.5, 0.6, 0.75, 1 of 2688
+    assert {p.top_k for p in options} == {22, 11}
+    with_counts = library.model_copy(update={"top_k_values": [10, 8]})
+    assert {p.top_k for p in part_options(moe, moe, 1, with_counts, hybrid=True) if isinstance(p, Moe)} == {
+        22, 11, 10, 8}
+    attention = next(p for b in SUPER.blocks for p in b.parts() if p.kind == "attention")
+    assert part_options(attention, attention, 5, library, hybrid=True) == [attention]
+    shrinkable = library.model_copy(update={"keep_attention": False})
+    assert len(part_options(attention, attention, 5, shrinkable, hybrid=True)) > 1
