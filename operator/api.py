@@ -140,8 +140,8 @@ ACTIVE_WITHIN_TOTAL = cel(
     "maxActiveParamsBillions must not exceed maxTotalParamsBillions",
     ".maxActiveParamsBillions",
 )
-TARGET_FIELDS = ("memoryBudgetPerGPU", "throughputFactor", "latencyFactor", "maxTotalParamsBillions",
-                 "maxActiveParamsBillions")
+TARGET_FIELDS = ("memoryBudgetPerGPU", "throughputFactor", "latencyFactor", "requestTokensPerSecond",
+                 "maxTotalParamsBillions", "maxActiveParamsBillions")
 SOME_TARGET = cel(
     " || ".join(f"has(self.{name})" for name in TARGET_FIELDS),
     "set at least one target: " + ", ".join(TARGET_FIELDS),
@@ -161,6 +161,10 @@ class CompressionSpec(ApiModel):
         default=None, ge=1, le=100, description="Throughput wanted relative to the parent, e.g. 2.0 for 2x.")
     latency_factor: float | None = Field(
         default=None, gt=0, le=1, description="Per-token latency wanted relative to the parent, e.g. 0.5.")
+    request_tokens_per_second: float | None = Field(
+        default=None, gt=0, le=1_000_000, alias="requestTokensPerSecond",
+        description="Decode speed every request must get at `batch` concurrent requests per GPU (Puzzle's "
+        "per-user floor, e.g. 100), by the cost model of targetGPU.")
     max_total_params_billions: float | None = Field(
         default=None, gt=0, le=10_000, description="Cap on the child's total parameters, in billions.")
     max_active_params_billions: float | None = Field(

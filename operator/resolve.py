@@ -33,6 +33,7 @@ DECIDED = {"parent": "spec.source", "data.text": "the operator", "target.gpu": "
            "target.precision": "spec.quantization.precision",
            "target.kvDtype": "spec.quantization.kvCacheDtype", "target.batch": "spec.compression.batch",
            "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
+           "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
            "bld.tokens": "spec.compression.distillation.blockwiseTokens",
            "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
@@ -95,6 +96,8 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: 
                               "batch": c.batch, "context": c.context_length}
     if throughputs:
         target["throughput"] = max(throughputs)
+    if c.request_tokens_per_second is not None:
+        target["requestTokensPerSecond"] = c.request_tokens_per_second
     if c.memory_budget_per_gpu is not None:
         target["memoryGiB"] = quantity_bytes(c.memory_budget_per_gpu) / 2**30
     if c.max_total_params_billions is not None:

@@ -57,6 +57,10 @@ class Target(_Spec):
                                      description="Decode tokens/s at least this multiple of the parent.")
     latency: float | None = Field(None, ge=1.0, le=100.0,
                                   description="Prefill (time to first token) this many times faster.")
+    request_tokens_per_second: float | None = Field(
+        None, gt=0, le=1_000_000, description="Decode speed every request gets at `batch` concurrent requests "
+                                              "(Puzzle's per-user floor, e.g. 100): a decode step on the target "
+                                              "within 1/this seconds, by the cost model.")
     memory_gib: float | None = Field(None, gt=0, le=100_000, alias="memoryGiB",
                                      description="Weights plus KV cache of `batch` requests, per GPU.")
     params: float | None = Field(None, gt=0, le=1.0, description="At most this share of the parent's parameters.")
@@ -73,9 +77,10 @@ class Target(_Spec):
     @model_validator(mode="after")
     def _some_limit(self) -> Self:
         if all(limit is None for limit in (self.throughput, self.latency, self.memory_gib, self.params,
-                                           self.active_params, self.params_billions, self.active_params_billions)):
+                                           self.active_params, self.params_billions, self.active_params_billions,
+                                           self.request_tokens_per_second)):
             raise ValueError("set at least one of throughput, latency, memoryGiB, params, activeParams, "
-                             "paramsBillions, activeParamsBillions")
+                             "paramsBillions, activeParamsBillions, requestTokensPerSecond")
         return self
 
     def for_parent(self, total: int, active: int) -> Target:

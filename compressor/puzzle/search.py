@@ -25,6 +25,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from tailor.compressor.puzzle.plan import Target
 from tailor.compressor.puzzle.pricing import Price
 
+REQUEST_SPEED = "target.requestTokensPerSecond"
+
 
 class InfeasibleTarget(ValueError):
     """No child in the library meets the target; the message says which limit and what is reachable."""
@@ -53,7 +55,10 @@ class Limit(BaseModel):
         return float(getattr(price, self.resource))
 
     def describe(self, total: float) -> str:
-        """A total in the plan's units: a speed-up ratio, GiB, or a share of the parent's parameters."""
+        """A total in the plan's units: a speed-up ratio, tokens/s per request, GiB, or a share of the parent's
+        parameters."""
+        if self.field == REQUEST_SPEED:
+            return f"{1 / total:.1f} tokens/s per request"
         if self.resource in ("decode_s", "prefill_s"):
             return f"{self.parent_total / total:.3f}x"
         if self.resource == "memory":
@@ -67,6 +72,9 @@ def limits_for(target: Target, parent: Price) -> list[Limit]:
     out = []
     if target.throughput is not None:
         out.append(Limit(field="target.throughput", resource="decode_s", limit=parent.decode_s / target.throughput,
+                         parent_total=parent.decode_s, higher_is_better=True))
+    if target.request_tokens_per_second is not None:
+        out.append(Limit(field=REQUEST_SPEED, resource="decode_s", limit=1 / target.request_tokens_per_second,
                          parent_total=parent.decode_s, higher_is_better=True))
     if target.latency is not None:
         out.append(Limit(field="target.latency", resource="prefill_s", limit=parent.prefill_s / target.latency,

@@ -31,11 +31,12 @@ OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "1a2b3c4d-0000"}}
 
 
 def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget() -> None:
-    spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8).spec
+    spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8, requestTokensPerSecond=100).spec
     plan = compression_plan(spec, Precision.NVFP4)
     target = plan.model_dump(by_alias=True, exclude_none=True)["target"]
     assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "kvDtype": "bf16", "batch": 8, "context": 1_000_000,
                       "throughput": 2.0,  # per-token latency x0.5 at the batch is 2x decode throughput
+                      "requestTokensPerSecond": 100.0,  # Puzzle's per-user floor at that batch
                       "memoryGiB": 78.0, "paramsBillions": 76, "activeParamsBillions": 9.5, "costs": "auto"}
     assert plan.parent == "hf://nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
     assert plan.rounds == 3 and plan.gkd.tokens == 4_000_000_000

@@ -141,3 +141,19 @@ def test_an_active_parameter_cap_prefers_fewer_active_parameters_at_equal_size()
     best = solve(slots, FIXED, capped, limits_for(capped, parent))[0]
     assert best.labels == ["top-2"] and best.totals["active_params"] == 120
     assert best.achieved["target.activeParams"].startswith("0.667 of the parent's active parameters")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_per_request_speed_floor_is_a_step_time_limit(seed: int) -> None:
+    """Puzzle's per-user floor: every request decodes at `requestTokensPerSecond` at the target batch, so a whole
+    step takes at most 1/floor seconds (here the parent's step is 6 s: a floor of 1/4.5 tokens/s per request)."""
+    slots, parent = instance(seed)
+    target = Target(gpu="cpu", request_tokens_per_second=1 / 4.5)
+    best = solve(slots, FIXED, target, limits_for(target, parent))[0]
+    assert best.totals["decode_s"] <= 4.5 + 1e-9
+    assert best.score == pytest.approx(brute_force(slots, 4.5), abs=1e-6)
+    assert best.achieved["target.requestTokensPerSecond"] == f"{1 / best.totals['decode_s']:.1f} tokens/s per request"
+    with pytest.raises(InfeasibleTarget, match=r"target\.requestTokensPerSecond cannot be met: .* tokens/s per "
+                                               r"request"):
+        impossible = Target(gpu="cpu", request_tokens_per_second=10.0)
+        solve(slots, FIXED, impossible, limits_for(impossible, parent))
