@@ -27,7 +27,7 @@ class Quality(BaseModel):
     kl: float  # vs the reference model, nats per token
 
 
-def _final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module]:
+def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module]:
     """The residual stream after the last slot on `ids` and the module that turns it into logits."""
     if isinstance(model, LazyDecoder):
         return sweep(model, model.embedding()(ids)), model.head()
@@ -39,7 +39,7 @@ def _final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[to
 def quality(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder, ids: torch.Tensor) -> Quality:
     """Both models run over `ids` (a `LazyDecoder` streamed, one layer resident at a time), then compared a few
     sequences at a time."""
-    finals, heads = zip(*(_final_and_head(m, ids) for m in (model, reference)), strict=True)
+    finals, heads = zip(*(final_and_head(m, ids) for m in (model, reference)), strict=True)
     kls, losses = [], []
     for i in range(0, ids.shape[0], ROWS):
         chunk = ids[i:i + ROWS]
