@@ -13,14 +13,13 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from tailor.compressor.checkpoint import load_decoder, read_config
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
-from tailor.compressor.puzzle.evaluate import final_and_head
+from tailor.compressor.puzzle.evaluate import paired_logits
 from tailor.compressor.puzzle.scoring import kl_and_loss
 from tailor.compressor.results import GateResult
 
@@ -32,24 +31,17 @@ def open_model(folder: Path) -> Decoder | LazyDecoder:
 
 
 @torch.no_grad()
-def _compare(child: Decoder | LazyDecoder, parent: Decoder | LazyDecoder, ids: torch.Tensor,
-             batch: int) -> dict[str, float]:
-    """Each model's last residual stream on `ids` (streamed a layer at a time where it is lazy), then per batch
-    both accuracies and LM losses, and KL(parent || child)."""
-    (parent_final, parent_head), (child_final, child_head) = (final_and_head(m, ids) for m in (parent, child))
+def _compare(child: Decoder | LazyDecoder, parent: Decoder | LazyDecoder, ids: torch.Tensor) -> dict[str, float]:
+    """Both accuracies and LM losses, and KL(parent || child), a few sequences at a time (`paired_logits`)."""
     totals = dict.fromkeys(("parent_hits", "child_hits", "parent_loss", "child_loss", "kl"), 0.0)
-    for i in range(0, ids.shape[0], batch):
-        chunk = ids[i:i + batch]
-        parent_logits = parent_head(parent_final[i:i + batch]).float()
-        child_logits = child_head(child_final[i:i + batch]).float()
-        reference = F.log_softmax(parent_logits, -1)
+    for chunk, child_logits, reference in paired_logits(child, parent, ids):
         kl, child_loss = kl_and_loss(reference, child_logits, chunk)
-        _, parent_loss = kl_and_loss(reference, parent_logits, chunk)
+        _, parent_loss = kl_and_loss(reference, reference, chunk)  # log-probabilities are their own log-softmax
         rows = chunk.shape[0]
         totals["kl"] += kl * rows
         totals["child_loss"] += child_loss * rows
         totals["parent_loss"] += parent_loss * rows
-        totals["parent_hits"] += int((parent_logits[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
+        totals["parent_hits"] += int((reference[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
         totals["child_hits"] += int((child_logits[:, :-1].argmax(-1) == chunk[:, 1:]).sum())
     predictions, rows = ids.shape[0] * (ids.shape[1] - 1), ids.shape[0]
     return {"parent_score": totals["parent_hits"] / predictions, "child_score": totals["child_hits"] / predictions,
@@ -58,7 +50,7 @@ def _compare(child: Decoder | LazyDecoder, parent: Decoder | LazyDecoder, ids: t
 
 
 def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shakespeare", seq_len: int = 256,
-             eval_tokens: int = 4096, heldout_every: int = 8, batch: int = 8) -> GateResult:
+             eval_tokens: int = 4096, heldout_every: int = 8) -> GateResult:
     if not 0 < min_retention <= 1:
         raise ValueError(f"--min-retention must be in (0, 1], got {min_retention}")
     _, held_out_texts = split_texts(text_files(text), heldout_every)
@@ -69,7 +61,7 @@ def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shake
     if child_model.arch.vocab_size != parent_model.arch.vocab_size:
         raise ValueError(f"{child}: vocabulary of {child_model.arch.vocab_size} tokens, the parent {parent} has "
                          f"{parent_model.arch.vocab_size}; the gate compares models sharing a tokenizer")
-    figures = _compare(child_model, parent_model, ids, batch)
+    figures = _compare(child_model, parent_model, ids)
     parent_score = figures["parent_score"]
     if parent_score == 0:
         raise ValueError(f"{parent}: the parent predicts none of the {ids.numel()} held-out tokens; there is no "

@@ -10,7 +10,10 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,16 +38,32 @@ def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[tor
     return final, torch.nn.Sequential(model.final_norm, model.lm_head)
 
 
+CHUNK_TOKENS = 512  # tokens whose logits are held at once
+
+
+def paired_logits(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder,
+                  ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(ids, the model's logits, the reference's log-probabilities) a few sequences at a time, with one model
+    and one LM head resident at a time: the reference's log-probabilities are computed first and kept in a
+    temporary folder."""
+    rows = max(1, CHUNK_TOKENS // ids.shape[1])
+    with tempfile.TemporaryDirectory(prefix="tailor-logprobs-") as folder, torch.no_grad():
+        final, head = final_and_head(reference, ids)
+        for i in range(0, ids.shape[0], rows):
+            torch.save(F.log_softmax(head(final[i:i + rows]).float(), -1), Path(folder) / f"{i}.pt")
+        del final, head
+        final, head = final_and_head(model, ids)
+        for i in range(0, ids.shape[0], rows):
+            yield ids[i:i + rows], head(final[i:i + rows]).float(), torch.load(Path(folder) / f"{i}.pt")
+
+
 @torch.no_grad()
 def quality(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder, ids: torch.Tensor) -> Quality:
-    """Both models run over `ids` (a `LazyDecoder` streamed, one layer resident at a time), then compared a few
-    sequences at a time."""
-    finals, heads = zip(*(final_and_head(m, ids) for m in (model, reference)), strict=True)
+    """Perplexity of `model` and its KL to `reference` on `ids` (`paired_logits`: a `LazyDecoder` streamed one
+    layer at a time)."""
     kls, losses = [], []
-    for i in range(0, ids.shape[0], ROWS):
-        chunk = ids[i:i + ROWS]
-        logits, reference_logits = (head(final[i:i + ROWS]) for head, final in zip(heads, finals, strict=True))
-        kl, loss = kl_and_loss(F.log_softmax(reference_logits.float(), -1), logits, chunk)
+    for chunk, logits, reference_logprobs in paired_logits(model, reference, ids):
+        kl, loss = kl_and_loss(reference_logprobs, logits, chunk)
         kls.append(kl * chunk.shape[0])
         losses.append(loss * chunk.shape[0])
     n = ids.shape[0]

@@ -2,11 +2,11 @@
 
 The score is KL(current || with the variant) of next-token distributions, per token, on held-out
 text; the LM loss is recorded too. The residual stream entering every slot and after the last one
-were captured once (`activations`). Each rank scores the slots it owns (every world-th) in sweeps over
-the layers, one layer resident at a time: a variant's stream starts at its slot and is carried through
-the current layers after it, so a sweep reads each layer once for all its variants. A sweep holds at
-most `streams` variant streams (the memory budget decides), then the logits come from the LM head, a few
-sequences at a time.
+were captured once (`activations`). Each rank scores the slots it owns (dealt by their cost: variants
+times the slots after them) in sweeps over the layers, one layer resident at a time: a variant's stream
+starts at its slot and is carried through the current layers after it, so a sweep reads each layer once
+for all its variants. A sweep holds at most `streams` variant streams (the memory budget decides), then
+the logits come from the LM head, a few sequences at a time.
 """
 
 from __future__ import annotations
@@ -44,6 +44,18 @@ def kl_and_loss(reference_logprobs: torch.Tensor, logits: torch.Tensor, ids: tor
     return float(kl), float(loss)
 
 
+def scoring_slots(variants: list[list[Variant]], rank: int, world: int) -> list[int]:
+    """The slots rank `rank` scores: dealt most costly first to the least loaded rank, a slot's cost being its
+    variants times the slots a variant's stream runs through after it."""
+    load, owner = [0] * world, {}
+    cost = {options[0].slot: len(options) * (len(variants) - options[0].slot) for options in variants if options}
+    for slot in sorted(cost, key=lambda s: (-cost[s], s)):
+        least = min(range(world), key=lambda r: (load[r], r))
+        owner[slot] = least
+        load[least] += cost[slot]
+    return sorted(slot for slot, r in owner.items() if r == rank)
+
+
 def _chunked(run: object, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([run(x[i:i + ROWS]) for i in range(0, x.shape[0], ROWS)])  # type: ignore[operator]
 
@@ -58,7 +70,8 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
     reference = _chunked(lambda x: F.log_softmax(head(x).float(), -1), reference_state)
     del reference_state
     scores: dict[str, Score] = {}
-    mine = [v for options in variants for v in options if v.slot % world == rank]
+    owned = set(scoring_slots(variants, rank, world))
+    mine = [v for options in variants for v in options if v.slot in owned]
     for variant in mine:
         key = f"{variant.slot}:{variant.label}"
         if key in known:
