@@ -38,7 +38,7 @@ def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[tor
     return final, torch.nn.Sequential(model.final_norm, model.lm_head)
 
 
-CHUNK_TOKENS = 512  # tokens whose logits are held at once
+CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held at once
 
 
 def paired_logits(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder,

@@ -25,7 +25,8 @@ GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
 TEACHER_SHARE = 0.75  # gkd.TEACHER_SHARE: the parent's and child's shards in this share of the budget
 MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
-LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring and evaluating
+LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring (scoring.ROWS)
+CHUNK_TOKENS = 128  # tokens whose logits are held at once when evaluating (evaluate.CHUNK_TOKENS)
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
@@ -200,7 +201,9 @@ class _Model:
         return min(count, max(1, self.budget // 4 // each)) * each
 
     def assembly(self) -> dict[str, int]:
-        return {"block in and out": 2 * self.lmax}
+        """One layer, or the embedding, read and written (BF16) at a time."""
+        vocab = self.arch.vocab_size * self.hidden
+        return {"a block or the embedding, in and out": max(2 * self.lmax, self.embedding + 2 * vocab)}
 
     def gkd(self, ranks: int) -> dict[str, int]:
         """The child sharded (FSDP2); the parent sharded beside it where both shards fit three quarters of the
@@ -225,9 +228,10 @@ class _Model:
         return round(min(every_row, max(step, self.budget // 4)))
 
     def evaluation(self) -> dict[str, int]:
+        """One model and one LM head at a time (`evaluate.paired_logits`), CHUNK_TOKENS tokens of logits."""
         return {"largest block": self.lmax, "LM head": self.head,
-                "activations": 2 * activation_bytes(self.arch, self.plan.eval_tokens),
-                "logits chunks": 2 * 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
+                "activations": activation_bytes(self.arch, self.plan.eval_tokens),
+                "logits chunks": 5 * CHUNK_TOKENS * self.arch.vocab_size * 4}
 
     def flops(self) -> dict[StageName, float]:
         """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total."""
