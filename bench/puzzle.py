@@ -138,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     base = Plan.load(args.plan)
     parent_dir = resolve_parent(base.parent)
-    parallel.init()  # GKD needs a process group (one process here)
+    parallel.init(torch.device("cpu"))  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
     parent_lazy = LazyDecoder(parent_dir)
     splits = load_splits(base, AutoTokenizer.from_pretrained(parent_dir))
@@ -177,7 +177,7 @@ def main() -> int:
             del model
             log(f"GKD for {label}")
             began = time.monotonic()
-            parallel.init()  # compress() closes its process group when it returns
+            parallel.init(torch.device("cpu"))  # compress() closes its process group when it returns
             gkd.distill(folder / "assembled", folder / "child", parent_lazy, parent_dir, splits.train, plan.gkd,
                         plan.seed, log)
             seconds["gkd"] = time.monotonic() - began

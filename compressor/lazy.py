@@ -82,7 +82,8 @@ class LazyDecoder:
             raise CheckpointError(f"{source}: field 'model_type' is {self.config.get('model_type')!r}; supported: "
                                   f"{SUPPORTED}")
         if "quantization_config" in self.config:
-            raise CheckpointError(f"{folder}: a quantized checkpoint; it is read whole (checkpoint.load_decoder)")
+            raise CheckpointError(f"{source}: has a quantization_config; compression and its stages need an "
+                                  "unquantized (BF16 or FP32) model")
         try:
             self.arch = architecture_from_config(self.config, source)
         except ConfigError as error:
@@ -94,9 +95,11 @@ class LazyDecoder:
         self.shapes = {name: tuple(t.shape) for name, t in self.skeleton.state_dict().items()}
         expected = {name for name in self.shapes if not (self.arch.tie_word_embeddings and name == "lm_head.weight")}
         missing = sorted(expected - set(self.files))
-        if missing:
-            raise CheckpointError(f"{folder}: weights do not match config.json (missing: {', '.join(missing[:4])}"
-                                  f"{' ...' if len(missing) > 4 else ''})")
+        unexpected = sorted(set(self.files) - set(self.shapes))
+        problems = [f"{label}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                    for label, names in (("missing", missing), ("unexpected", unexpected)) if names]
+        if problems:
+            raise CheckpointError(f"{folder}: weights do not match config.json ({'; '.join(problems)})")
 
     @property
     def family_prefix(self) -> str:

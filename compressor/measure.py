@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -122,10 +123,11 @@ def decode_step_runner(model: Decoder, batch: int, context: int) -> Callable[[],
         token = runner(prompt, caches)[:, -1:].argmax(-1)
 
     def step() -> torch.Tensor:
-        for cache in caches:
-            if isinstance(cache, KVCache):
-                cache.length = context
-        result: torch.Tensor = runner(token, caches)[:, -1:].argmax(-1)
+        with torch.inference_mode():  # the caches are inference tensors
+            for cache in caches:
+                if isinstance(cache, KVCache):
+                    cache.length = context
+            result: torch.Tensor = runner(token, caches)[:, -1:].argmax(-1)
         return result
 
     return step
@@ -182,7 +184,7 @@ class MeasuredCosts:
 
     def _save(self) -> None:
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.cache_file.with_suffix(".partial")
+        partial = self.cache_file.with_suffix(f".{os.getpid()}.partial")  # one per process: ranks may share it
         partial.write_text(json.dumps(self.cache, indent=1, sort_keys=True))
         partial.replace(self.cache_file)
 

@@ -56,8 +56,8 @@ def assemble(current: LazyDecoder, chosen: list[Variant], bld: Path, folder: Pat
             out.add(tensors)
             written.update(tensors)
             del layer
-        ends = {name: current.tensors([name])[name] for name in current.files
-                if not name.startswith(f"{prefix}.layers.")}
+        ends = current.tensors([name for name in current.shapes if not name.startswith(f"{prefix}.layers.")
+                                and not (arch.tie_word_embeddings and name == "lm_head.weight")])
         out.add(ends)
         written.update(ends)
         if written != expected - ({"lm_head.weight"} if arch.tie_word_embeddings else set()):

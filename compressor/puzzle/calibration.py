@@ -58,7 +58,7 @@ class Calibration(BaseModel):
     spread: float  # their median absolute deviation, as a share of the step
     rounds: int
     cache_drift: float | None  # cached / fresh block timings - 1, where the cache held them
-    stale: bool  # the cache was dropped: costs saved by an earlier run must be recomputed too
+    stale: bool  # the cache was dropped
 
 
 def _median_pairs(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float]:
@@ -89,10 +89,10 @@ def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Pr
         pairs.append((whole, sum(counts[key] * fresh[key][-1] for key in runners)))
     step_s, blocks_s, fixed_s, spread = _median_pairs(pairs)
     medians = {key: statistics.median(values) for key, values in fresh.items()}
-    cached = [timer.cache.get(key) for key in keys]
+    cached = [key for key in keys if key in timer.cache]
     drift = None
-    if all(value is not None for value in cached):
-        drift = sum(v for v in cached if v is not None) / sum(medians[key] for key in keys) - 1
+    if cached:  # the parent's blocks the cache holds, against the same blocks timed now
+        drift = sum(timer.cache[key] for key in cached) / sum(medians[key] for key in cached) - 1
     stale = drift is not None and abs(drift) > CACHE_DRIFT
     if stale:
         progress(f"costs: cached block timings are {drift:+.0%} off the parent's blocks timed now; dropping them, "

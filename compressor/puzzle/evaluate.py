@@ -44,8 +44,8 @@ CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times the
 def paired_logits(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder,
                   ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(ids, the model's logits, the reference's log-probabilities) a few sequences at a time, with one model
-    and one LM head resident at a time: the reference's log-probabilities are computed first and kept in a
-    temporary folder."""
+    and one LM head resident at a time: the reference's log-probabilities are computed first and kept (float32,
+    tokens x vocabulary x 4 bytes) in a temporary folder."""
     rows = max(1, CHUNK_TOKENS // ids.shape[1])
     with tempfile.TemporaryDirectory(prefix="tailor-logprobs-") as folder, torch.no_grad():
         final, head = final_and_head(reference, ids)

@@ -11,8 +11,9 @@ Memory per rank is bounded by sharding, not by the model's size:
   step's forward with the child (`ShardedTeacher`); where it does not (a parent several times a rank's
   budget), each rank streams it, one layer resident, over the rows of its next steps, keeping the residual
   stream after every layer (BF16) for as many steps as a quarter of the budget holds (`StreamedTeacher`);
-- each step's batch is split across the ranks, and the loss is scaled so the gradients FSDP averages are
-  those of the whole batch: one process and several give the same child.
+- each step's batch (`gkd.batch`, rounded up to a whole number of sequences per rank) is split across the
+  ranks, and the loss is scaled so the gradients FSDP averages are those of the whole batch: one process and
+  several give the same child.
 The trained child is written layer by layer (each layer gathered whole, written by rank 0).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -115,16 +117,16 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
     lazy = LazyDecoder(folder, dtype=dtype, device=device)
     with torch.device("meta"):
         child = Decoder(lazy.arch, lazy.settings)
+    mesh = init_device_mesh(device.type, (parallel.rank_world()[1],))
     for layer in child.layers:
-        fully_shard(layer)
-    fully_shard(child)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(child, mesh=mesh)
     child.to_empty(device=device)
     names = {id(p): name for name, p in reversed(list(child.named_parameters(remove_duplicate=False)))}
     with torch.no_grad():
         for param in child.parameters():
             name = names[id(param)]
-            source = lazy.embedding_name if name == "lm_head.weight" else name
-            full = lazy.tensors([source])[source]
+            full = lazy.tensors([name])[name]  # a tied head is named as the embedding here
             assert isinstance(param, DTensor)
             param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
             del full
@@ -154,9 +156,10 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step. `budget_bytes`:
     the memory per rank the teacher's states may take a quarter of."""
     rank, world = parallel.rank_world()
-    steps = max(1, math.ceil(budget.tokens / (budget.batch * train.shape[1])))
+    per_step = -(-budget.batch // world) * world  # gkd.batch, rounded up to a whole number of rows per rank
+    steps = max(1, math.ceil(budget.tokens / (per_step * train.shape[1])))
     generator = torch.Generator().manual_seed(seed)
-    batches = [torch.randint(0, train.shape[0], (budget.batch,), generator=generator) for _ in range(steps)]
+    batches = [torch.randint(0, train.shape[0], (per_step,), generator=generator) for _ in range(steps)]
     mine = [rows[rank::world] for rows in batches]
     teacher: ShardedTeacher | StreamedTeacher
     if teacher_is_sharded(parent, LazyDecoder(child_folder), budget_bytes):
@@ -178,7 +181,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     for step, rows in enumerate(mine, 1):
         states, logits = teacher.targets(rows, train[rows])
         with autocast:
-            loss = gkd_loss(child, train[rows], states, logits, world / budget.batch)
+            loss = gkd_loss(child, train[rows], states, logits, world / per_step)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
@@ -190,7 +193,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
         losses.append(float(total))
         if step % 5 == 0 or step == steps:
             eta = (time.monotonic() - started) / step * (steps - step)
-            progress(f"gkd: step {step}/{steps}, {step * budget.batch * train.shape[1]} tokens, "
+            progress(f"gkd: step {step}/{steps}, {step * per_step * train.shape[1]} tokens, "
                      f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
     del teacher, optimiser
     _write(child, out, parent_folder, child_folder)

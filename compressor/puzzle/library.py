@@ -102,7 +102,8 @@ def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settin
     if variant.is_current:
         return copy.deepcopy(current)
     hidden = inputs.shape[-1]
-    branch = build_branch(variant.kind, variant.part, hidden, settings)
+    with torch.device(inputs.device):  # where the current branch and its inputs are (a GPU in a real run)
+        branch = build_branch(variant.kind, variant.part, hidden, settings)
     if branch is None:
         return None
     assert current is not None

@@ -15,11 +15,12 @@ import torch.distributed as dist
 TIMEOUT = datetime.timedelta(hours=6)  # rank 0 scores and searches alone while the others wait
 
 
-def init() -> None:
-    """Join the process group torchrun describes (gloo on CPU, nccl on GPUs), or make one of this process."""
+def init(device: torch.device) -> None:
+    """Join the process group torchrun describes (gloo for CPU runs, nccl for GPU ones), or make one of this
+    process."""
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if "WORLD_SIZE" in os.environ:

@@ -157,16 +157,18 @@ def rank_budget(plan: Plan, device: torch.device) -> float | None:
     return float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else None
 
 
-def fits(arch: Architecture, plan: Plan) -> bool:
-    """Whether a whole model may be loaded to time its decoding: float32 weights and a BF16 copy in the budget."""
-    return plan.budget_gib is None or 6 * arch.total_params < plan.budget_gib * 2**30
+def fits(arch: Architecture, plan: Plan, device: torch.device) -> bool:
+    """Whether a whole model may be loaded to time its decoding: its float32 weights, a float32 copy on the way
+    to a BF16 one, and the BF16 one, within the rank's budget (`rank_budget`)."""
+    budget = rank_budget(plan, device)
+    return budget is None or 10 * arch.total_params < budget
 
 
 def _figures(model: LazyDecoder, parent: LazyDecoder, splits: Splits, plan: Plan) -> ModelFigures:
     arch = model.arch
     target = plan.target
     speed = decode_tokens_per_second(model.load(), target.batch, min(target.context, plan.measure_context),
-                                     plan.measure_tokens) if fits(arch, plan) else None
+                                     plan.measure_tokens) if fits(arch, plan, model.device) else None
     return ModelFigures(
         params=arch.total_params, active_params=arch.active_param_count,
         weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
@@ -240,7 +242,8 @@ class Round:
         """Price, search and assemble; with measured costs, time the assembled child against the parent and, when
         it misses the predicted speed-up by more than SPEED_TOLERANCE, re-measure everything and search again
         (at most RESOLVES times), then fail naming both figures."""
-        measuring = timer is not None and fits(parent.arch, self.plan)
+        measuring = timer is not None and fits(parent.arch, self.plan, parent.device)
+        whole = parent.load() if measuring else None
         for search in range(1, RESOLVES + 2):
             fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
             prices = self.costs(pricer, variants)
@@ -252,10 +255,11 @@ class Round:
             summary.update(predicted_speedup=predicted, measured_speedup=None, searches=search)
             if not measuring:
                 return summary, candidates
-            assert timer is not None
+            assert timer is not None and whole is not None
             with self._stage("speed-check"):
-                whole = parent.load()
-                measured = measured_speedup(whole, LazyDecoder(self.folder / "assembled").load(), pricer.decode)
+                child = LazyDecoder(self.folder / "assembled", device=parent.device).load()
+                measured = measured_speedup(whole, child, pricer.decode)
+                del child
             summary["measured_speedup"] = measured
             self.log(f"round {self.number}: the assembled child measured {measured:.3f}x the parent's decode speed, "
                      f"the search predicted {predicted:.3f}x")
@@ -277,11 +281,9 @@ class Round:
 
 
 def _calibrate(pricer: Pricer, timer: MeasuredCosts, parent: LazyDecoder, log: Log,
-               whole: Decoder | None = None) -> bool:
-    """Calibrate the fixed decode cost on the parent; True when cached timings were stale and dropped."""
-    calibration = calibrate(whole or parent.load(), timer, pricer.decode, log)
-    pricer.calibrate_decode(calibration.fixed_s)
-    return calibration.stale
+               whole: Decoder | None = None) -> None:
+    """Calibrate the fixed decode cost on the parent (cached timings that disagree with it are dropped)."""
+    pricer.calibrate_decode(calibrate(whole or parent.load(), timer, pricer.decode, log).fixed_s)
 
 
 def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:
@@ -290,11 +292,13 @@ def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:
 
 def compress(plan: Plan, out: Path) -> Report | None:
     """Run (or resume) the whole pipeline into `out`; rank 0 writes the report and returns it, other ranks None."""
-    parallel.init()
-    log = Log()
-    torch.manual_seed(plan.seed)
     device = torch.device("cuda" if plan.device == "auto" and torch.cuda.is_available() else
                           "cpu" if plan.device == "auto" else plan.device)
+    parallel.init(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
+    log = Log()
+    torch.manual_seed(plan.seed)
     parent_dir = resolve_parent(plan.parent) if parallel.is_main() else None
     parent_dir = Path(parallel.broadcast(str(parent_dir)))  # rank 0 fetches a built-in parent once
     stages = out / "stages"
@@ -309,12 +313,12 @@ def compress(plan: Plan, out: Path) -> Report | None:
         splits = Splits(*(t.to(device) for t in (splits.train, splits.scoring, splits.evaluation)))
         log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
-    timer = MeasuredCosts(dev=device) if source is CostSource.MEASURED else None
+    # rank 0 alone prices and searches: the other ranks would time the same parts on the same host
+    timer = MeasuredCosts(dev=device) if source is CostSource.MEASURED and parallel.is_main() else None
     pricer = Pricer(parent.arch, plan.target, timer)
-    stale = False
     with log.stage("costs.parent"):
-        if timer is not None and fits(parent.arch, plan):
-            stale = _calibrate(pricer, timer, parent, log)
+        if timer is not None and fits(parent.arch, plan, device):
+            _calibrate(pricer, timer, parent, log)
         elif timer is not None:
             log("costs: the parent does not fit budgetGiB whole, so its decode step is not timed; the fixed cost is "
                 "the LM head's, timed alone")
@@ -340,8 +344,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
         scores = step.scores(current, variants, splits, rank_budget(plan, device))
         summary: dict[str, Any] = {}
         if parallel.is_main():
-            if stale:
-                (folder / "costs.json").unlink(missing_ok=True)  # priced with timings taken under other conditions
+            if timer is not None:  # priced again on this run's calibration: from the checked cache, or timed now
+                (folder / "costs.json").unlink(missing_ok=True)
             summary, candidates = step.settle(current, parent, variants, scores, pricer, timer, parent_dir)
         parallel.barrier()
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
@@ -395,7 +399,8 @@ def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, pare
         parent_figures.decode_tokens_per_second is None else
         child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
         measured_on=f"this machine ({parent.device.type}, BF16) at batch {plan.target.batch} with "
-                    f"{min(plan.target.context, plan.measure_context)} cached tokens" if fits(parent.arch, plan) else
+                    f"{min(plan.target.context, plan.measure_context)} cached tokens"
+                    if fits(parent.arch, plan, parent.device) else
                     "not measured: the parent does not fit budgetGiB whole",
         kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,

@@ -339,16 +339,16 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "DoesNotFit", condition
     assert condition["message"].startswith("the compression does not fit 2 node(s) x 8 H100-80GB: stage gkd needs ")
-    assert condition["message"].endswith("GiB short; try spec.jobs.nodes 4")  # a 76B child's fp32 AdamW shards
+    assert condition["message"].endswith("GiB short; try spec.jobs.nodes 5")  # a 76B child's fp32 AdamW shards
     assert not kube.names("Job") and not kube.names("PersistentVolumeClaim") and not kube.names("ConfigMap")
     (compress,) = kube.status("m")["stages"]
     assert (compress["name"], compress["state"], compress["reason"]) == ("Compress", "Failed", "DoesNotFit")
-    kube.update_spec("m", {"jobs": {"nodes": 4}})  # what the message advises: a new generation, a new try
+    kube.update_spec("m", {"jobs": {"nodes": 5}})  # what the message advises: a new generation, a new try
     assert step(kube).phase == "Compressing"
     job = kube.obj("Job", "m-g2-compress")["spec"]
-    assert job["completions"] == 4 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+    assert job["completions"] == 5 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
         "nvidia.com/gpu": "8"}
-    assert any(reason == "FitChecked" and "fits 4 node(s) x 8 H100-80GB" in message
+    assert any(reason == "FitChecked" and "fits 5 node(s) x 8 H100-80GB" in message
                for _, reason, message in kube.events)
 
 

@@ -41,13 +41,13 @@ def test_the_published_case_fits_on_two_nodes_of_8_b200() -> None:
     assert message.startswith("stage gkd needs ") and message.endswith("GiB short; try --nodes 2")
 
 
-def test_the_published_case_needs_four_nodes_of_8_h100() -> None:
+def test_the_published_case_needs_five_nodes_of_8_h100() -> None:
     h100 = CATALOG.get("H100-80GB")
-    assert footprint(SUPER, PUBLISHED, h100, gpus_per_node=8, nodes=4).fits
-    three = footprint(SUPER, PUBLISHED, h100, gpus_per_node=8, nodes=3)
-    assert not three.fits and three.fitting_nodes == 4
-    (message,) = three.shortfalls()
-    assert message.startswith("stage gkd needs ") and message.endswith("GiB short; try --nodes 4")
+    assert footprint(SUPER, PUBLISHED, h100, gpus_per_node=8, nodes=5).fits
+    four = footprint(SUPER, PUBLISHED, h100, gpus_per_node=8, nodes=4)
+    assert not four.fits and four.fitting_nodes == 5
+    (message,) = four.shortfalls()
+    assert message.startswith("stage gkd needs ") and message.endswith("GiB short; try --nodes 5")
 
 
 def test_one_h100_refuses_naming_the_stage_and_the_shortfall() -> None:
