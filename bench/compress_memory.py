@@ -125,6 +125,7 @@ def main() -> int:
     budget = args.budget_gib * GIB
     stages = list(peaks[0])
     rows = [{"stage": stage, "memory": kind, "per_rank": [p.get(stage, {}).get(kind) for p in peaks],
+             "at_start": [p.get(stage, {}).get(f"{kind}_at_start") for p in peaks],
              "predicted": expected.get(stage.split(".")[-1]), "seconds": report["stage_seconds"].get(stage)}
             for stage in stages]
     result = {"parent_params": params, "parent_bytes_bf16": parent_bytes, "parent_bytes_fp32": 4 * params,

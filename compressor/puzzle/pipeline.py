@@ -76,13 +76,15 @@ class Log:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        self(f"{name}: start")
-        begin = time.monotonic()
         peaks.reset()
+        start = peaks.read()  # what the stage starts with: the peak was just reset to it
+        self(f"{name}: start ({peaks.describe(start)} held)")
+        begin = time.monotonic()
         yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - begin
         peak = peaks.read()
-        self.peaks[name] = {k: max(v, self.peaks.get(name, {}).get(k, 0)) for k, v in peak.items()}
+        self.peaks[name] = {**{k: max(v, self.peaks.get(name, {}).get(k, 0)) for k, v in peak.items()},
+                            **{f"{k}_at_start": v for k, v in start.items()}}
         self(f"{name}: done in {time.monotonic() - begin:.1f}s, peak {peaks.describe(peak)}")
 
     def save_peaks(self, out: Path) -> None:
