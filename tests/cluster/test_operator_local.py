@@ -20,7 +20,8 @@ from tailor.compressor.serving.client import infer
 from cmodels import OBJECTS, jobs, wait_phase
 from conftest import wait_for
 
-PLAN = {"data": {"seqLen": 64}, "target": {"costs": "roofline"}, "bld": {"lr": 0.001, "batch": 4},
+PLAN = {"data": {"seqLen": 64}, "target": {"costs": "roofline"}, "library": {"keepAttention": False},
+        "bld": {"lr": 0.001, "batch": 4},
         "bldActivationTokens": 512, "scoringTokens": 256, "evalTokens": 256, "gkd": {"lr": 0.0001, "batch": 4},
         "measureTokens": 4, "measureContext": 128}
 
