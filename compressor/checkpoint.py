@@ -239,12 +239,18 @@ def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tok
              if not (decoder.arch.tie_word_embeddings and name == "lm_head.weight")}
     with staged_folder(folder) as staging:
         save_file(state, staging / "model.safetensors", metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (tokenizer_from / name).exists():
-                shutil.copy2(tokenizer_from / name, staging / name)
-        if config.get("model_type") == "nemotron-nas":  # the config class engines read it with
-            shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), staging / DECILM_CONFIG_FILE)
+        write_metadata(staging, config, tokenizer_from)
+
+
+def write_metadata(folder: Path, config: dict[str, Any], tokenizer_from: Path) -> None:
+    """Beside a checkpoint's BF16 weights: its config.json, the tokenizer files of `tokenizer_from`, and for a
+    DeciLM child the config class engines read it with."""
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).exists():
+            shutil.copy2(tokenizer_from / name, folder / name)
+    if config.get("model_type") == "nemotron-nas":
+        shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), folder / DECILM_CONFIG_FILE)
 
 
 def save_decoder(decoder: Decoder, folder: Path, parent: Path) -> None:

@@ -39,3 +39,12 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def save_tensors(path: Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file written under a temporary name, then renamed (tensors detached, on the CPU)."""
+    from safetensors.torch import save_file  # torch: this module is also the operator's
+
+    partial = path.with_name(f".{path.name}.partial")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, partial, metadata=metadata)
+    partial.replace(path)

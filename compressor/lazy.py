@@ -10,8 +10,8 @@ pass over the whole model needs the memory of its largest layer, its embedding o
 
 from __future__ import annotations
 
+import copy
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,14 +24,13 @@ from torch import nn
 
 from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.checkpoint import (
-    DECILM_CONFIG_FILE,
     LLAMA_TYPES,
     NEMOTRON_H_TYPES,
     SUPPORTED,
-    TOKENIZER_FILES,
     CheckpointError,
     read_config,
     settings_from_config,
+    write_metadata,
 )
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, HybridLayer, Layer, Rotary, Slot
@@ -64,11 +63,15 @@ def weight_map(folder: Path) -> dict[str, Path]:
 def materialise(module: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
     """`module` (built on the meta device) holding `tensors`; its rotary frequencies recomputed."""
     module.load_state_dict(tensors, strict=True, assign=True)
-    device = next(iter(tensors.values())).device if tensors else None
+    recompute_rotary(module, next(iter(tensors.values())).device if tensors else None)
+    return module
+
+
+def recompute_rotary(module: nn.Module, device: torch.device | None) -> None:
+    """Rotary frequencies are not in checkpoints: a module built on the meta device computes them again."""
     for sub in module.modules():
         if isinstance(sub, Rotary):
             sub.inv_freq = sub.frequencies(device)
-    return module
 
 
 class LazyDecoder:
@@ -103,7 +106,11 @@ class LazyDecoder:
 
     @property
     def family_prefix(self) -> str:
-        return "model" if self.settings.family == "llama" else "backbone"
+        return self.skeleton.body
+
+    def _name_of(self, module: nn.Module) -> str:
+        name: str = next(name for name, candidate in self.skeleton.named_modules() if candidate is module)
+        return name
 
     def slots(self) -> list[Slot]:
         return self.skeleton.slots()
@@ -143,7 +150,7 @@ class LazyDecoder:
 
     @property
     def embedding_name(self) -> str:
-        return f"{self.family_prefix}.{'embed_tokens' if self.settings.family == 'llama' else 'embeddings'}.weight"
+        return f"{self._name_of(self.skeleton.embedding)}.weight"
 
     def embedding(self) -> nn.Embedding:
         weight = self.tensors([self.embedding_name])[self.embedding_name]
@@ -153,7 +160,7 @@ class LazyDecoder:
     def head(self) -> nn.Sequential:
         """The final norm and the LM head: hidden states -> logits."""
         norm = _rebuild(self.skeleton.final_norm)
-        norm_name = f"{self.family_prefix}.{'norm' if self.settings.family == 'llama' else 'norm_f'}."
+        norm_name = f"{self._name_of(self.skeleton.final_norm)}."
         materialise(norm, self.tensors([f"{norm_name}weight"], strip=norm_name))
         lm_head = _rebuild(self.skeleton.lm_head)
         name = self.embedding_name if self.arch.tie_word_embeddings else "lm_head.weight"
@@ -176,8 +183,6 @@ class LazyDecoder:
 
 def _rebuild(module: nn.Module) -> nn.Module:
     """A meta-device copy of a skeleton module (so the skeleton itself stays weightless)."""
-    import copy
-
     return copy.deepcopy(module)
 
 
@@ -228,9 +233,4 @@ def sharded_checkpoint(folder: Path, config: dict[str, Any], tokenizer_from: Pat
         writer = ShardedWriter(staging, shards)
         yield writer
         writer.finish()
-        (staging / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (tokenizer_from / name).exists():
-                shutil.copy2(tokenizer_from / name, staging / name)
-        if config.get("model_type") == "nemotron-nas":
-            shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), staging / DECILM_CONFIG_FILE)
+        write_metadata(staging, config, tokenizer_from)

@@ -247,10 +247,14 @@ class Layer(nn.Module):
         self.mlp = build_ffn(block.ffn, hidden, settings)
         self.post_attention_layernorm = RMSNorm(hidden, settings.rms_norm_eps) if self.mlp is not None else None
 
+    @staticmethod
+    def branch_names(kind: str) -> tuple[str, str]:
+        """The attributes (and state-dict names) of the mixer or FFN branch's norm and op."""
+        return ("input_layernorm", "self_attn") if kind == "mixer" else ("post_attention_layernorm", "mlp")
+
     def branch(self, kind: str) -> Branch:
         """(norm, op) of the mixer or FFN branch; None where it was removed."""
-        norm, op = (self.input_layernorm, self.self_attn) if kind == "mixer" else \
-            (self.post_attention_layernorm, self.mlp)
+        norm, op = (getattr(self, name) for name in self.branch_names(kind))
         return None if op is None or norm is None else (norm, op)
 
     def run_branch(self, kind: str, x: torch.Tensor, cache: Cache = None) -> torch.Tensor:
@@ -273,6 +277,11 @@ class HybridLayer(nn.Module):
         branch = build_branch(self.kind, part, hidden, settings)
         self.norm: nn.Module | None = branch[0] if branch is not None else None
         self.mixer: nn.Module | None = branch[1] if branch is not None else None
+
+    @staticmethod
+    def branch_names(kind: str) -> tuple[str, str]:
+        """The attributes (and state-dict names) of the branch's norm and op, whatever its kind."""
+        return "norm", "mixer"
 
     def branch(self, kind: str) -> Branch:
         assert kind == self.kind, f"this layer's branch is a {self.kind}, not a {kind}"
@@ -315,6 +324,11 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embedding.weight
+
+    @property
+    def body(self) -> str:
+        """The attribute holding the embedding, the layers and the final norm (the state-dict prefix)."""
+        return "model" if self.settings.family == "llama" else "backbone"
 
     @property
     def embedding(self) -> nn.Embedding:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from tailor.compressor.checkpoint import CheckpointError
+from tailor.compressor.files import save_tensors
 from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.modeling import Slot
 from tailor.compressor.puzzle import parallel
@@ -27,12 +27,6 @@ FINAL = "final.safetensors"
 
 def slot_file(folder: Path, slot: int) -> Path:
     return folder / f"slot{slot:03d}.safetensors"
-
-
-def _save(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, partial)
-    partial.replace(path)
 
 
 def capture(model: LazyDecoder, train: torch.Tensor, scoring: torch.Tensor, folder: Path,
@@ -47,12 +41,12 @@ def capture(model: LazyDecoder, train: torch.Tensor, scoring: torch.Tensor, fold
         rows = train.shape[0]
 
         def keep(slot: Slot, x: torch.Tensor) -> None:
-            _save(slot_file(folder, slot.index), {"train": x[:rows], "scoring": x[rows:]})
+            save_tensors(slot_file(folder, slot.index), {"train": x[:rows], "scoring": x[rows:]})
             if slot.index % 10 == 0:
                 progress(f"capture: slot {slot.index + 1}/{len(model.slots())}")
 
         final = sweep(model, stream, keep)
-        _save(folder / FINAL, {"scoring": final[rows:]})
+        save_tensors(folder / FINAL, {"scoring": final[rows:]})
     parallel.barrier()
 
 

@@ -19,11 +19,6 @@ from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.bld import variant_branch
 from tailor.compressor.puzzle.library import Variant
 
-# (norm, op) module names of a branch, per family and slot kind
-BRANCH_NAMES = {("llama", "mixer"): ("input_layernorm", "self_attn"),
-                ("llama", "ffn"): ("post_attention_layernorm", "mlp"),
-                ("nemotron_h", "mixer"): ("norm", "mixer"), ("nemotron_h", "ffn"): ("norm", "mixer")}
-
 
 def child_architecture(current: Architecture, chosen: list[Variant], slots: list[tuple[int, str]]) -> Architecture:
     if [v.slot for v in chosen] != list(range(len(slots))):
@@ -50,7 +45,7 @@ def assemble(current: LazyDecoder, chosen: list[Variant], bld: Path, folder: Pat
                 branch = variant_branch(current, layer, variant, bld)
                 if branch is None:
                     continue
-                for name, module in zip(BRANCH_NAMES[(current.settings.family, slot.kind)], branch, strict=True):
+                for name, module in zip(layer.branch_names(slot.kind), branch, strict=True):
                     tensors.update({f"{prefix}.layers.{index}.{name}.{key}": value
                                     for key, value in module.state_dict().items()})
             out.add(tensors)

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from tailor.compressor.checkpoint import CheckpointError
+from tailor.compressor.files import save_tensors
 from tailor.compressor.lazy import LazyDecoder, materialise
 from tailor.compressor.modeling import Branch, HybridLayer, Layer, build_branch, residual
 from tailor.compressor.puzzle import parallel
@@ -47,10 +48,12 @@ def checkpoint_file(folder: Path, variant: Variant) -> Path:
 
 
 def save_branch(path: Path, branch: Branch, loss: float) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    state = {k: v.detach().contiguous() for k, v in _modules(branch).state_dict().items()}
-    save_file(state, partial, metadata={"nmse": repr(loss)})
-    partial.replace(path)
+    save_tensors(path, _modules(branch).state_dict(), {"nmse": repr(loss)})
+
+
+def _not_resumable(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: cannot resume from this BLD checkpoint ({str(error).splitlines()[0]}); "
+                           "delete it to retrain the variant")
 
 
 def load_branch(path: Path, fresh: Branch, device: torch.device, dtype: torch.dtype) -> Branch:
@@ -59,8 +62,7 @@ def load_branch(path: Path, fresh: Branch, device: torch.device, dtype: torch.dt
         state = {name: tensor.to(device, dtype) for name, tensor in load_file(path).items()}
         materialise(_modules(fresh), state)
     except (SafetensorError, OSError, RuntimeError) as error:
-        raise CheckpointError(f"{path}: cannot resume from this BLD checkpoint ({str(error).splitlines()[0]}); "
-                              "delete it to retrain the variant") from error
+        raise _not_resumable(path, error) from error
     return fresh
 
 
@@ -103,15 +105,9 @@ def trained(variant: Variant) -> bool:
 
 
 def owned_slots(variants: list[list[Variant]], rank: int, world: int) -> list[int]:
-    """The slots rank `rank` trains: slots dealt largest first to the least loaded rank (by variants)."""
-    load, owner = [0] * world, {}
-    work = sorted(((sum(map(trained, options)), options[0].slot) for options in variants if options),
-                  key=lambda item: (-item[0], item[1]))
-    for count, slot in work:
-        least = min(range(world), key=lambda r: (load[r], r))
-        owner[slot] = least
-        load[least] += count
-    return sorted(slot for slot, r in owner.items() if r == rank and any(map(trained, variants[slot])))
+    """The slots with variants to train that rank `rank` trains, dealt by their number of trained variants."""
+    counts = {options[0].slot: sum(map(trained, options)) for options in variants if any(map(trained, options))}
+    return parallel.deal(counts, rank, world)
 
 
 def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path, budget: Training,
@@ -123,7 +119,7 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
     rank, world = parallel.rank_world()
     mine = [v for slot in owned_slots(variants, rank, world) for v in variants[slot] if trained(v)]
     todo = [v for v in mine if not checkpoint_file(folder, v).exists()]
-    started = time.monotonic()
+    started, done = time.monotonic(), 0
     for slot_index in sorted({v.slot for v in todo}):
         slot = slots[slot_index]
         inputs = load_activations(slot_file(activations, slot.index), "train", model.device)
@@ -137,7 +133,7 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
             loss = distill(branch, inputs, targets, budget, generator)
             save_branch(checkpoint_file(folder, variant), branch, loss)
             del branch
-            done = todo.index(variant) + 1
+            done += 1
             eta = (time.monotonic() - started) / done * (len(todo) - done)
             progress(f"bld: {done}/{len(todo)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
                      f"{variant.label}: nmse {loss:.4f}, eta {eta:.0f}s")
@@ -164,5 +160,4 @@ def _saved_loss(path: Path) -> float:
         with safe_open(str(path), framework="pt") as handle:
             return float((handle.metadata() or {}).get("nmse", "nan"))
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{path}: cannot resume from this BLD checkpoint ({str(error).splitlines()[0]}); "
-                              "delete it to retrain the variant") from error
+        raise _not_resumable(path, error) from error

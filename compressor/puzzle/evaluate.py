@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle.footprint import CHUNK_TOKENS
 from tailor.compressor.puzzle.scoring import ROWS, kl_and_loss
 
 
@@ -36,9 +37,6 @@ def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[tor
         return sweep(model, model.embedding()(ids)), model.head()
     final = torch.cat([model.run_slots(model.embed(ids[i:i + ROWS])) for i in range(0, ids.shape[0], ROWS)])
     return final, torch.nn.Sequential(model.final_norm, model.lm_head)
-
-
-CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held at once
 
 
 def paired_logits(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder,

@@ -23,10 +23,12 @@ from tailor.compressor.puzzle.plan import Plan
 
 GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
-TEACHER_SHARE = 0.75  # gkd.TEACHER_SHARE: the parent's and child's shards in this share of the budget
+TEACHER_SHARE = 0.75  # of a rank's budget: GKD shards the parent beside the child when both shards fit it
+WORKING_SHARE = 0.25  # of a rank's budget: scoring's variant streams, a streamed teacher's layer states
 MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
-LOGITS_CHUNK = 8  # sequences whose logits are held at once when scoring (scoring.ROWS)
-CHUNK_TOKENS = 128  # tokens whose logits are held at once when evaluating (evaluate.CHUNK_TOKENS)
+LOGITS_CHUNK = 8  # sequences whose logits (and layer inputs) are held at once when scoring
+CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held when evaluating
+FROZEN_BYTES = 4  # per frozen (streamed) parameter: the pipeline reads every model in float32, on a GPU too
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
@@ -106,11 +108,13 @@ class Footprint(BaseModel):
 # --- sizes --------------------------------------------------------------------------------------------
 
 
-def frozen_bytes(gpu: GpuProfile) -> int:
-    """Bytes per frozen (streamed) parameter: the pipeline reads every model in float32, on a GPU too (reading
-    frozen models in BF16 there would halve these parts)."""
-    del gpu
-    return 4
+def teacher_is_sharded(teacher_bytes: float, child_params: float, largest_block_params: int, ranks: int,
+                       budget: float | None) -> bool:
+    """GKD's rule: shard the teacher (`teacher_bytes` in all) beside the child (16 bytes per parameter: fp32
+    weights, gradients, AdamW) when both shards and one child block whole (weights and gradients) fit
+    TEACHER_SHARE of the budget; else stream it. No budget: shard."""
+    need = (teacher_bytes + 16 * child_params) / ranks + 8 * largest_block_params
+    return budget is None or need <= TEACHER_SHARE * budget
 
 
 def runtime_bytes(gpu: GpuProfile) -> int:
@@ -164,7 +168,7 @@ class _Model:
 
     def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile, budget: int) -> None:
         self.arch, self.plan, self.gpu, self.budget = arch, plan, gpu, budget
-        self.fb = frozen_bytes(gpu)
+        self.fb = FROZEN_BYTES
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
         self.block_max = max(block_params(arch))
         self.lmax = self.block_max * self.fb
@@ -199,8 +203,8 @@ class _Model:
                 "logits chunk": 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
 
     def _streams(self, count: int, each: int) -> int:
-        """Variant streams a scoring sweep holds: as many as a quarter of the budget takes (at least one)."""
-        return min(count, max(1, self.budget // 4 // each)) * each
+        """Variant streams a scoring sweep holds: as many as WORKING_SHARE of the budget takes (at least one)."""
+        return min(count, max(1, int(WORKING_SHARE * self.budget) // each)) * each
 
     def assembly(self) -> dict[str, int]:
         """One layer, or the embedding, read and written (BF16) at a time."""
@@ -208,9 +212,8 @@ class _Model:
         return {"a block or the embedding, in and out": max(2 * self.lmax, self.embedding + 2 * vocab)}
 
     def gkd(self, ranks: int) -> dict[str, int]:
-        """The child sharded (FSDP2); the parent sharded beside it where both shards fit three quarters of the
-        budget, else streamed a layer at a time with its states kept for a quarter of the budget's worth of steps
-        (the rule `gkd.teacher_is_sharded` applies)."""
+        """The child sharded (FSDP2); the parent sharded beside it or streamed (`teacher_is_sharded`, the rule
+        `gkd.py` applies), its states then kept for WORKING_SHARE of the budget's worth of steps."""
         batch, tokens = self.plan.gkd.batch, self.plan.gkd.tokens
         child = round(16 * self.child / ranks)
         parts = {"child shard, grads and AdamW (fp32)": child,
@@ -218,16 +221,15 @@ class _Model:
                  "teacher block": self.lmax,
                  "activations for backward": batch * self.seq * self.hidden * 4 * self.layers * 4,
                  "logits": 3 * logits_bytes(self.arch, batch, self.seq)}
-        teacher_shard = round(self.fb * self.arch.total_params / ranks)
-        if teacher_shard + child + 8 * self.block_max <= TEACHER_SHARE * self.budget:
-            return {**parts, "teacher shard": teacher_shard}
+        if teacher_is_sharded(self.fb * self.arch.total_params, self.child, self.block_max, ranks, self.budget):
+            return {**parts, "teacher shard": round(self.fb * self.arch.total_params / ranks)}
         return {**parts, "LM head": self.head,
                 "teacher layer states (bf16)": self._teacher(tokens / ranks * self.hidden * 2 * self.layers)}
 
     def _teacher(self, every_row: float) -> int:
-        """A streamed teacher's states are kept for the steps a quarter of the budget holds (at least one)."""
+        """A streamed teacher's states are kept for the steps WORKING_SHARE of the budget holds (at least one)."""
         step = self.plan.gkd.batch * self.seq * self.hidden * 2 * self.layers
-        return round(min(every_row, max(step, self.budget // 4)))
+        return round(min(every_row, max(step, WORKING_SHARE * self.budget)))
 
     def evaluation(self) -> dict[str, int]:
         """One model and one LM head at a time (`evaluate.paired_logits`), CHUNK_TOKENS tokens of logits."""

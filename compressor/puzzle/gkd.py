@@ -10,7 +10,8 @@ Memory per rank is bounded by sharding, not by the model's size:
 - the parent never trains. Where its shard fits beside the child's, it is sharded the same way and runs each
   step's forward with the child (`ShardedTeacher`); where it does not (a parent several times a rank's
   budget), each rank streams it, one layer resident, over the rows of its next steps, keeping the residual
-  stream after every layer (BF16) for as many steps as a quarter of the budget holds (`StreamedTeacher`);
+  stream after every layer (BF16) for as many steps as WORKING_SHARE of the budget holds (`StreamedTeacher`).
+  The rule is `footprint.teacher_is_sharded`, the dry run's;
 - each step's batch (`gkd.batch`, rounded up to a whole number of sequences per rank) is split across the
   ranks, and the loss is scaled so the gradients FSDP averages are those of the whole batch: one process and
   several give the same child.
@@ -31,13 +32,12 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tailor.compressor.checkpoint import read_config
-from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint, sweep
-from tailor.compressor.modeling import Decoder, Rotary
+from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
+from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress
+from tailor.compressor.puzzle.footprint import WORKING_SHARE, teacher_is_sharded
 from tailor.compressor.puzzle.plan import Training
-
-TEACHER_SHARE = 0.75  # of a rank's budget, for the parent's and child's shards: the rest for activations
 
 
 class ShardedTeacher:
@@ -93,23 +93,11 @@ class StreamedTeacher:
 
 def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: int, budget_bytes: float | None,
                    steps: int) -> int:
-    """Steps whose teacher states (BF16, every layer) fit a quarter of the budget; all of them without one."""
+    """Steps whose teacher states (BF16, every layer) fit WORKING_SHARE of the budget; all of them without one."""
     if budget_bytes is None:
         return steps
     per_step = max(1, rows_per_step) * seq_len * hidden * 2 * arch_layers
-    return max(1, min(steps, int(budget_bytes / 4 // per_step)))
-
-
-def teacher_is_sharded(parent: LazyDecoder, child: LazyDecoder, budget_bytes: float | None) -> bool:
-    """Whether the parent's shard fits beside the child's (its parameters, gradients and AdamW states, one layer
-    of it whole) in the budget; the same rule as the dry run's (`footprint`)."""
-    if budget_bytes is None:
-        return True
-    world = parallel.rank_world()[1]
-    per_param = parent.dtype.itemsize
-    largest = max(int(sum(block.params(child.arch.hidden_size).values())) for block in child.arch.blocks)
-    need = per_param * parent.arch.total_params / world + 16 * child.arch.total_params / world + 8 * largest
-    return need <= TEACHER_SHARE * budget_bytes
+    return max(1, min(steps, int(WORKING_SHARE * budget_bytes // per_step)))
 
 
 def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -133,9 +121,7 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
         for buffer_name, buffer in child.named_buffers():
             if buffer_name.endswith("e_score_correction_bias"):
                 buffer.copy_(lazy.tensors([buffer_name])[buffer_name])
-        for module in child.modules():
-            if isinstance(module, Rotary):
-                module.inv_freq = module.frequencies(device)
+        recompute_rotary(child, device)
     return child
 
 
@@ -162,7 +148,10 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     batches = [torch.randint(0, train.shape[0], (per_step,), generator=generator) for _ in range(steps)]
     mine = [rows[rank::world] for rows in batches]
     teacher: ShardedTeacher | StreamedTeacher
-    if teacher_is_sharded(parent, LazyDecoder(child_folder), budget_bytes):
+    child_arch = LazyDecoder(child_folder).arch
+    largest = max(int(sum(block.params(child_arch.hidden_size).values())) for block in child_arch.blocks)
+    if teacher_is_sharded(parent.dtype.itemsize * parent.arch.total_params, child_arch.total_params, largest, world,
+                          budget_bytes):
         progress("gkd: the parent sharded across the ranks")
         teacher = ShardedTeacher(parent)
     else:
@@ -204,7 +193,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
 def _write(child: Decoder, out: Path, parent_folder: Path, child_folder: Path) -> None:
     """Every rank gathers one layer at a time; rank 0 writes it."""
     config = read_config(child_folder)
-    prefix = "model" if child.settings.family == "llama" else "backbone"
+    prefix = child.body
     groups: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(len(child.layers) + 1)]
     for name, value in child.state_dict().items():
         if child.arch.tie_word_embeddings and name == "lm_head.weight":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -57,3 +58,13 @@ def broadcast(value: str) -> str:
 def finish() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def deal(costs: Mapping[int, float], rank: int, world: int) -> list[int]:
+    """The items (keys of `costs`) rank `rank` takes: dealt most costly first to the least loaded rank."""
+    load, owner = [0.0] * world, {}
+    for item in sorted(costs, key=lambda key: (-costs[key], key)):
+        least = min(range(world), key=lambda r: (load[r], r))
+        owner[item] = least
+        load[least] += costs[item]
+    return sorted(item for item, r in owner.items() if r == rank)

@@ -52,6 +52,7 @@ from tailor.compressor.puzzle.calibration import (
 )
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
+from tailor.compressor.puzzle.footprint import WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.options import is_hybrid
 from tailor.compressor.puzzle.plan import CostSource, Plan, Target
@@ -207,11 +208,11 @@ class Round:
 
     @staticmethod
     def _streams(current: LazyDecoder, splits: Splits, budget: float | None) -> int:
-        """Variant streams one scoring sweep may hold: a quarter of the budget (all of them without one)."""
+        """Variant streams one scoring sweep may hold: WORKING_SHARE of the budget (all of them without one)."""
         if budget is None:
             return 10**6
         stream = splits.scoring.numel() * current.arch.hidden_size * 4
-        return max(1, int(budget / 4 // stream))
+        return max(1, int(WORKING_SHARE * budget // stream))
 
     def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
         path = self.folder / "costs.json"
@@ -237,13 +238,14 @@ class Round:
                    "totals": best.totals}
         return chosen, summary, candidates
 
-
     def settle(self, current: LazyDecoder, parent: LazyDecoder, variants: list[list[Variant]],
                scores: dict[str, Score], pricer: Pricer, timer: MeasuredCosts | None,
                parent_dir: Path) -> tuple[dict[str, Any], list[list[Candidate]]]:
         """Price, search and assemble; with measured costs, time the assembled child against the parent and, when
         it misses the predicted speed-up by more than SPEED_TOLERANCE, re-measure everything and search again
         (at most RESOLVES times), then fail naming both figures."""
+        if timer is not None:  # priced again on this run's calibration: from the checked cache, or timed now
+            (self.folder / "costs.json").unlink(missing_ok=True)
         measuring = timer is not None and fits(parent.arch, self.plan, parent.device)
         whole = parent.load() if measuring else None
         for search in range(1, RESOLVES + 2):
@@ -324,8 +326,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         elif timer is not None:
             log("costs: the parent does not fit budgetGiB whole, so its decode step is not timed; the fixed cost is "
                 "the LM head's, timed alone")
-        fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)
-    parent_memory_gib = parent_price.memory_bytes(plan.target) / 2**30
+        parent_memory_gib = _parent_price(pricer, parent).memory_bytes(plan.target) / 2**30
     current, rounds = parent, []
     candidates: list[list[Candidate]] = []
     bld_rows = max(1, min(splits.train.shape[0], -(-plan.bld_activation_tokens // plan.data.seq_len)))
@@ -346,8 +347,6 @@ def compress(plan: Plan, out: Path) -> Report | None:
         scores = step.scores(current, variants, splits, rank_budget(plan, device))
         summary: dict[str, Any] = {}
         if parallel.is_main():
-            if timer is not None:  # priced again on this run's calibration: from the checked cache, or timed now
-                (folder / "costs.json").unlink(missing_ok=True)
             summary, candidates = step.settle(current, parent, variants, scores, pricer, timer, parent_dir)
         parallel.barrier()
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
@@ -371,18 +370,16 @@ def compress(plan: Plan, out: Path) -> Report | None:
         log.save_peaks(out)
         parallel.finish()
         return None
-    fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)  # as the last search saw them
-    report = _finish(plan, out, parent, current, parent_dir, splits, pricer, fixed, parent_price, candidates,
-                     rounds, log, source.value)
+    report = _finish(plan, out, parent, current, parent_dir, splits, pricer, candidates, rounds, log, source.value)
     log.save_peaks(out)
     parallel.finish()
     return report
 
 
 def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, parent_dir: Path, splits: Splits,
-            pricer: Pricer,
-            fixed: Price, parent_price: Price, candidates: list[list[Candidate]], rounds: list[RoundSummary],
-            log: Log, cost_source: str) -> Report:
+            pricer: Pricer, candidates: list[list[Candidate]], rounds: list[RoundSummary], log: Log,
+            cost_source: str) -> Report:
+    fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)  # as the last search saw them
     with log.stage("evaluation"):
         parent_figures = _figures(parent, parent, splits, plan)
         child_figures = _figures(child, parent, splits, plan)

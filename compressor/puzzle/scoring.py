@@ -19,15 +19,17 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
+from tailor.compressor.files import write_json
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import residual
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import FINAL, Progress, slot_file
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.bld import variant_branch
+from tailor.compressor.puzzle.footprint import LOGITS_CHUNK
 from tailor.compressor.puzzle.library import Variant
 
-ROWS = 8  # sequences per call of a layer or the head
+ROWS = LOGITS_CHUNK  # sequences per call of a layer or the head
 
 
 class Score(BaseModel):
@@ -45,15 +47,9 @@ def kl_and_loss(reference_logprobs: torch.Tensor, logits: torch.Tensor, ids: tor
 
 
 def scoring_slots(variants: list[list[Variant]], rank: int, world: int) -> list[int]:
-    """The slots rank `rank` scores: dealt most costly first to the least loaded rank, a slot's cost being its
-    variants times the slots a variant's stream runs through after it."""
-    load, owner = [0] * world, {}
-    cost = {options[0].slot: len(options) * (len(variants) - options[0].slot) for options in variants if options}
-    for slot in sorted(cost, key=lambda s: (-cost[s], s)):
-        least = min(range(world), key=lambda r: (load[r], r))
-        owner[slot] = least
-        load[least] += cost[slot]
-    return sorted(slot for slot, r in owner.items() if r == rank)
+    """The slots rank `rank` scores, dealt by cost: a slot's variants times the slots their streams run through."""
+    costs = {options[0].slot: len(options) * (len(variants) - options[0].slot) for options in variants if options}
+    return parallel.deal(costs, rank, world)
 
 
 def _chunked(run: object, x: torch.Tensor) -> torch.Tensor:
@@ -72,12 +68,13 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
     scores: dict[str, Score] = {}
     owned = set(scoring_slots(variants, rank, world))
     mine = [v for options in variants for v in options if v.slot in owned]
+    unchanged = Score(kl=0.0, lm_loss=kl_and_loss(reference, reference, ids)[1])  # the current model's
     for variant in mine:
         key = f"{variant.slot}:{variant.label}"
         if key in known:
             scores[key] = known[key]
         elif variant.is_current:
-            scores[key] = Score(kl=0.0, lm_loss=kl_and_loss(reference, reference, ids)[1])
+            scores[key] = unchanged
     todo = [v for v in mine if f"{v.slot}:{v.label}" not in scores]
     started, done = time.monotonic(), 0
     for first in range(0, len(todo), streams):
@@ -142,8 +139,6 @@ def gather_scores(path: Path, mine: dict[str, Score], known: dict[str, Score]) -
 
 
 def write_scores(path: Path, scores: dict[str, Score]) -> None:
-    from tailor.compressor.files import write_json
-
     write_json(path, {k: v.model_dump() for k, v in sorted(scores.items(), key=lambda kv: _order(kv[0]))})
 
 
