@@ -61,6 +61,8 @@ class CheckpointError(ValueError):
 
 # quant_algo of a modelopt export -> the format of its quantized layers
 QUANT_ALGORITHMS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
+# the float32 scales a modelopt export stores beside quantized weights
+SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
 
 
 def read_config(folder: Path) -> dict[str, Any]:

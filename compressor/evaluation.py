@@ -2,8 +2,8 @@
 
 Quality is top-1 next-token accuracy on the held-out works (whole works never trained on, as in
 `tailor compress`); retention is the child's accuracy over the parent's, compared with the floor the
-CompressedModel sets. Perplexities and KL(parent || child) are reported beside it. The parent (and an
-unquantized child) is streamed a layer at a time, never held whole. The result is small
+CompressedModel sets. Perplexities and KL(parent || child) are reported beside it. Both models, quantized
+exports included, are streamed a layer at a time, never held whole. The result is small
 JSON, so a Job can hand it to the operator as its termination message (at most 4096 bytes).
 """
 
@@ -15,23 +15,15 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from tailor.compressor.checkpoint import load_decoder, read_config
 from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import paired_logits
 from tailor.compressor.puzzle.scoring import kl_and_loss
 from tailor.compressor.results import GateResult
 
 
-def open_model(folder: Path) -> Decoder | LazyDecoder:
-    """A model read layer by layer (`LazyDecoder`), or whole where it must be: a quantized export, whose layers
-    are the project's NVFP4 / FP8 layers (smaller than the BF16 model)."""
-    return load_decoder(folder).eval() if "quantization_config" in read_config(folder) else LazyDecoder(folder)
-
-
 @torch.no_grad()
-def _compare(child: Decoder | LazyDecoder, parent: Decoder | LazyDecoder, ids: torch.Tensor) -> dict[str, float]:
+def _compare(child: LazyDecoder, parent: LazyDecoder, ids: torch.Tensor) -> dict[str, float]:
     """Both accuracies and LM losses, and KL(parent || child), a few sequences at a time (`paired_logits`)."""
     totals = dict.fromkeys(("parent_hits", "child_hits", "parent_loss", "child_loss", "kl"), 0.0)
     for chunk, child_logits, reference in paired_logits(child, parent, ids):
@@ -57,7 +49,7 @@ def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shake
     ids = token_windows(held_out_texts, AutoTokenizer.from_pretrained(parent), seq_len, eval_tokens)
     if ids.numel() == 0:
         raise ValueError(f"text {text}: its held-out works give no {seq_len}-token window")
-    parent_model, child_model = open_model(parent), open_model(child)
+    parent_model, child_model = LazyDecoder(parent, quantized_ok=True), LazyDecoder(child, quantized_ok=True)
     if child_model.arch.vocab_size != parent_model.arch.vocab_size:
         raise ValueError(f"{child}: vocabulary of {child_model.arch.vocab_size} tokens, the parent {parent} has "
                          f"{parent_model.arch.vocab_size}; the gate compares models sharing a tokenizer")

@@ -4,7 +4,8 @@
 (its slots, its layers' shapes), and `layer(i)` builds one layer with its weights read from the safetensors
 files (memory-mapped, only that layer's tensors) in the compute dtype. A caller holds one layer at a time, so a
 pass over the whole model needs the memory of its largest layer, its embedding or head, and the activations.
-`sweep` is that pass. `ShardedWriter` writes a model the same way: one safetensors file per layer and
+`sweep` is that pass. A quantized export (`tailor quantize`) reads the same way, its quantized layers as the
+project's NVFP4 / FP8 layers. `ShardedWriter` writes a model the same way: one safetensors file per layer and
 `model.safetensors.index.json`, the Hugging Face layout for sharded checkpoints.
 """
 
@@ -26,8 +27,10 @@ from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.checkpoint import (
     LLAMA_TYPES,
     NEMOTRON_H_TYPES,
+    SCALE_SUFFIXES,
     SUPPORTED,
     CheckpointError,
+    load_decoder,
     read_config,
     settings_from_config,
     write_metadata,
@@ -75,16 +78,19 @@ def recompute_rotary(module: nn.Module, device: torch.device | None) -> None:
 
 
 class LazyDecoder:
-    """A checkpoint folder as a `Decoder` whose layers are read one at a time."""
+    """A checkpoint folder as a `Decoder` whose layers are read one at a time. A quantized export is read only
+    when `quantized_ok` (evaluation); compression needs an unquantized model."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype = torch.float32, device: torch.device | None = None,
+                 quantized_ok: bool = False) -> None:
         self.folder, self.dtype, self.device = folder, dtype, device or torch.device("cpu")
         self.config = read_config(folder)
         source = str(folder / "config.json")
         if self.config.get("model_type") not in LLAMA_TYPES + NEMOTRON_H_TYPES:
             raise CheckpointError(f"{source}: field 'model_type' is {self.config.get('model_type')!r}; supported: "
                                   f"{SUPPORTED}")
-        if "quantization_config" in self.config:
+        self.quantized = "quantization_config" in self.config
+        if self.quantized and not quantized_ok:
             raise CheckpointError(f"{source}: has a quantization_config; compression and its stages need an "
                                   "unquantized (BF16 or FP32) model")
         try:
@@ -98,7 +104,8 @@ class LazyDecoder:
         self.shapes = {name: tuple(t.shape) for name, t in self.skeleton.state_dict().items()}
         expected = {name for name in self.shapes if not (self.arch.tie_word_embeddings and name == "lm_head.weight")}
         missing = sorted(expected - set(self.files))
-        unexpected = sorted(set(self.files) - set(self.shapes))
+        unexpected = sorted(name for name in set(self.files) - set(self.shapes)
+                            if not (self.quantized and name.endswith(SCALE_SUFFIXES)))
         problems = [f"{label}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
                     for label, names in (("missing", missing), ("unexpected", unexpected)) if names]
         if problems:
@@ -126,6 +133,9 @@ class LazyDecoder:
                 with safe_open(str(file), framework="pt") as handle:
                     for name in wanted:
                         tensor = handle.get_tensor(name)
+                        if self._as_stored(name, tensor):  # quantized weights and their scales
+                            out[name.removeprefix(strip)] = tensor.to(self.device)
+                            continue
                         if tuple(tensor.shape) != self.shapes[name]:
                             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
                                                   f"config.json gives {self.shapes[name]}")
@@ -135,6 +145,9 @@ class LazyDecoder:
                 raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
         return out
 
+    def _as_stored(self, name: str, tensor: torch.Tensor) -> bool:
+        return self.quantized and (name.endswith(SCALE_SUFFIXES) or tensor.dtype in (torch.uint8, torch.float8_e4m3fn))
+
     def layer_prefix(self, index: int) -> str:
         return f"{self.family_prefix}.layers.{index}."
 
@@ -142,9 +155,23 @@ class LazyDecoder:
         """Layer `index` with its weights: the caller drops it when done."""
         prefix = self.layer_prefix(index)
         module = self.skeleton.layers[index]
-        names = [f"{prefix}{name}" for name in module.state_dict()]
         fresh = _rebuild(module)
-        materialise(fresh, self.tensors(names, strip=prefix))
+        if not self.quantized:
+            materialise(fresh, self.tensors([f"{prefix}{name}" for name in module.state_dict()], strip=prefix))
+        else:
+            from tailor.compressor.quantize.restore import (
+                QuantizedCheckpointError,
+                refresh_quantized,
+                swap_quantized_layers,
+            )
+
+            tensors = self.tensors([name for name in self.files if name.startswith(prefix)], strip=prefix)
+            try:
+                swap_quantized_layers(fresh, tensors, self.folder, self.dtype, prefix)
+            except QuantizedCheckpointError as error:
+                raise CheckpointError(str(error)) from error
+            materialise(fresh, tensors)
+            refresh_quantized(fresh)
         assert isinstance(fresh, Layer | HybridLayer)
         return fresh
 
@@ -162,6 +189,9 @@ class LazyDecoder:
         norm = _rebuild(self.skeleton.final_norm)
         norm_name = f"{self._name_of(self.skeleton.final_norm)}."
         materialise(norm, self.tensors([f"{norm_name}weight"], strip=norm_name))
+        if "lm_head.weight_scale" in self.files:
+            raise CheckpointError(f"{self.folder}: a quantized LM head is not read layer by layer (no recipe "
+                                  "quantizes it)")
         lm_head = _rebuild(self.skeleton.lm_head)
         name = self.embedding_name if self.arch.tie_word_embeddings else "lm_head.weight"
         materialise(lm_head, {"weight": self.tensors([name])[name]})
@@ -169,6 +199,8 @@ class LazyDecoder:
 
     def load(self) -> Decoder:
         """The whole model, for what needs it resident (timing a decode step); only for models that fit."""
+        if self.quantized:
+            return load_decoder(self.folder, self.dtype).to(self.device).eval()
         decoder = _rebuild(self.skeleton)
         assert isinstance(decoder, Decoder)
         tensors = self.tensors([name for name in self.shapes if name != "lm_head.weight" or
@@ -210,10 +242,11 @@ class ShardedWriter:
         self.index: dict[str, str] = {}
         self.total = 0
 
-    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+    def add(self, tensors: dict[str, torch.Tensor], as_stored: bool = False) -> None:
+        """One shard: the tensors in BF16, or `as_stored` (a quantized export's mixed dtypes) as they are."""
         self.count += 1
         name = f"model-{self.count:05d}-of-{self.shards:05d}.safetensors"
-        state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+        state = {k: (v if as_stored else v.to(torch.bfloat16)).detach().cpu().contiguous() for k, v in tensors.items()}
         save_file(state, self.staging / name, metadata={"format": "pt"})
         self.index.update(dict.fromkeys(state, name))
         self.total += sum(t.numel() * t.element_size() for t in state.values())

@@ -1,34 +1,34 @@
-"""`tailor quantize`: calibrate with modelopt, export, reload the export with the project's loader and
-measure what quantization cost, all before the output folder appears.
+"""`tailor quantize`: calibrate with modelopt and export a layer at a time (`streamed`), reload the export with
+the project's loader and measure what quantization cost, all before the output folder appears.
 
-    out/model.safetensors, config.json (with quantization_config), hf_quant_config.json, tokenizer files
+    out/model-0000N-of-0000M.safetensors + model.safetensors.index.json   one shard per layer, then the ends
+    out/config.json (with quantization_config), hf_quant_config.json, tokenizer files
     out/quantization.json   the report (written into the staged folder, which is renamed when complete)
 
 Calibration uses the training works of the text and evaluation the held-out ones (whole works, as in
 `tailor compress`). Quality is measured on the reloaded export, so it is the quality of what is shipped:
-perplexity, KL to the unquantized model and, given its folder, KL to the parent.
+perplexity, KL to the unquantized model and, given its folder, KL to the parent; every model is read a
+layer at a time, so the job needs one layer, the calibration stream and the LM head's logits, not the model.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoTokenizer
 
-from tailor.compressor.checkpoint import TOKENIZER_FILES, load_decoder, read_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile
+from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import Quality, quality
 from tailor.compressor.puzzle.pipeline import Log
-from tailor.compressor.quantize.ptq import calibrate, export, write_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
+from tailor.compressor.quantize.streamed import write_quantized
 from tailor.compressor.results import QuantizeResult
 
 REPORT_FILE = "quantization.json"
@@ -51,7 +51,8 @@ class QuantizeJob(BaseModel):
     calibration_tokens: int = Field(4096, ge=16, description="Tokens of the training works run through the "
                                                                "model to calibrate input scales.")
     eval_tokens: int = Field(4096, ge=16, description="Held-out tokens the quality figures are measured on.")
-    batch: int = Field(4, ge=1)
+    device: str = Field("auto", description="auto: the GPU where there is one, else the CPU; the model is read "
+                                            "and quantized a layer at a time on it.")
 
 
 class Figures(BaseModel):
@@ -80,6 +81,7 @@ class QuantReport(BaseModel):
     calibration_tokens: int
     eval_tokens: int
     stage_seconds: dict[str, float]
+    peak_memory_bytes: dict[str, dict[str, int]]  # per stage: peak RSS and GPU allocation, and at its start
 
     def markdown(self) -> str:
         before, after = self.unquantized, self.quantized
@@ -110,32 +112,32 @@ def _file_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.glob("*.safetensors"))
 
 
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     log = Log()
-    model = load_decoder(job.model).eval()
+    device = _device(job.device)
+    model = LazyDecoder(job.model, device=device)
     recipe, reason = choose_recipe(job.format, model.arch, gpu)
     log(reason)
     tokenizer = AutoTokenizer.from_pretrained(job.model)
     train_texts, heldout_texts = split_texts(text_files(job.text), job.heldout_every)
-    calibration = token_windows(train_texts, tokenizer, job.seq_len, job.calibration_tokens)
-    held_out = token_windows(heldout_texts, tokenizer, job.seq_len, job.eval_tokens)
+    calibration = token_windows(train_texts, tokenizer, job.seq_len, job.calibration_tokens).to(device)
+    held_out = token_windows(heldout_texts, tokenizer, job.seq_len, job.eval_tokens).to(device)
     if calibration.numel() == 0 or held_out.numel() == 0:
         raise ValueError(f"text {job.text}: too short for one {job.seq_len}-token calibration and evaluation window")
-    parent = load_decoder(job.parent).eval() if job.parent is not None else None
-    with log.stage("calibrate"):
-        calibrated = copy.deepcopy(model)
-        layers = calibrate(calibrated, recipe, list(torch.split(calibration, job.batch)), job.kv_cache, log)
-    with log.stage("export"):
-        tensors, quant_config, repairs = export(calibrated, read_config(job.model))
-        for repair in repairs:
-            log(f"repaired hf_quant_config.json: {repair}")
     with staged_folder(job.out) as staging:
-        write_export(staging, tensors, quant_config, read_config(job.model))
-        for name in TOKENIZER_FILES:
-            if (job.model / name).exists():
-                shutil.copy2(job.model / name, staging / name)
+        with log.stage("calibrate and export, layer by layer"):
+            done = write_quantized(model, recipe, calibration, job.kv_cache, staging, log)
+            for repair in done.repairs:
+                log(f"repaired hf_quant_config.json: {repair}")
         with log.stage("evaluate"):
-            restored = load_decoder(staging).eval()
+            restored = LazyDecoder(staging, device=device, quantized_ok=True)
+            parent = LazyDecoder(job.parent, device=device) if job.parent is not None else None
             figures = {}
             for label, candidate in (("unquantized", model), ("quantized", restored)):
                 figures[label] = Figures(quality=quality(candidate, model, held_out),
@@ -143,16 +145,15 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
                                          else quality(candidate, parent, held_out).kl)
                 log(f"{label}: perplexity {figures[label].quality.perplexity:.3f}, KL to the unquantized "
                     f"{figures[label].quality.kl:.4f}")
-        section = quant_config["quantization"]
+        section = done.quant_config["quantization"]
         report = QuantReport(
             model=str(job.model), out=str(job.out), format=job.format.value, recipe=recipe.name,
             modelopt_config=str(recipe.modelopt_config), reason=reason, quant_algo=section["quant_algo"],
             kv_cache_quant_algo=section.get("kv_cache_quant_algo"),
-            quantized_layers=len(layers), excluded_layers=section["exclude_modules"], repairs=repairs,
-            bytes_before=_file_bytes(job.model), bytes_after=_file_bytes(staging),
+            quantized_layers=len(done.quantized_layers), excluded_layers=section["exclude_modules"],
+            repairs=done.repairs, bytes_before=_file_bytes(job.model), bytes_after=_file_bytes(staging),
             predicted_weight_bytes=weight_bytes(model.arch, recipe), bf16_weight_bytes=weight_bytes(model.arch, BF16),
-            calibration_tokens=calibration.numel(),
+            calibration_tokens=calibration.numel(), peak_memory_bytes=log.peaks,
             eval_tokens=held_out.numel(), stage_seconds=log.seconds, **figures)
         write_json(staging / REPORT_FILE, json.loads(report.model_dump_json()))
     return report
-

@@ -25,17 +25,20 @@ from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_form
 from modelopt.torch.export.unified_export_hf import _export_transformers_checkpoint
 from modelopt.torch.quantization.nn import TensorQuantizer
 from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
 from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import read_config, read_quant_config, settings_from_config
+from tailor.compressor.checkpoint import (
+    SCALE_SUFFIXES,
+    read_config,
+    read_quant_config,
+    settings_from_config,
+    write_metadata,
+)
 from tailor.compressor.files import write_json
 from tailor.compressor.memory import KvDtype, QuantRecipe
 from tailor.compressor.modeling import Decoder, SelfAttention
 from tailor.compressor.quantize.recipes import tensor_group
-
-SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:
@@ -44,20 +47,15 @@ def quantizable_layers(model: torch.nn.Module) -> list[str]:
 
 
 @torch.no_grad()
-def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor], kv_cache: KvDtype = KvDtype.BF16,
-              progress: Callable[[str], None] = lambda _: None) -> list[str]:
-    """Quantize `model` in place with the recipe's modelopt preset, calibrated on `batches` of token ids;
-    return the names of the quantized layers. Raises if the preset and the recipe disagree. With an FP8
-    `kv_cache`, every attention layer's keys and values get modelopt's FP8 KV quantizers too (`FP8_KV_CFG`)."""
+def calibrate(model: Decoder, recipe: QuantRecipe, forward_loop: Callable[[Decoder], object],
+              kv_cache: KvDtype = KvDtype.BF16) -> list[str]:
+    """Quantize `model` in place with the recipe's modelopt preset, calibrated by `forward_loop(model)` (which
+    runs the calibration data through it); return the names of the quantized layers. Raises if the preset and
+    the recipe disagree. With an FP8 `kv_cache`, every attention layer's keys and values get modelopt's FP8 KV
+    quantizers too (`FP8_KV_CFG`)."""
     if recipe.modelopt_config is None:
         raise ValueError(f"recipe {recipe.name} quantizes nothing")
     preset = copy.deepcopy(getattr(mtq, recipe.modelopt_config))
-
-    def forward_loop(module: torch.nn.Module) -> None:
-        for index, batch in enumerate(batches, 1):
-            module(batch)
-            if index == len(batches) or index % max(1, len(batches) // 4) == 0:
-                progress(f"calibration batch {index}/{len(batches)}")
 
     with contextlib.redirect_stdout(sys.stderr):  # modelopt prints; stdout carries the report
         mtq.quantize(model, preset)  # inserts the quantizers; calibration follows
@@ -81,18 +79,17 @@ def calibrate(model: Decoder, recipe: QuantRecipe, batches: list[torch.Tensor], 
     return quantized
 
 
-def export(model: Decoder, config: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[str]]:
-    """modelopt's HF export of a calibrated model: (tensors as they go to safetensors, hf_quant_config, the
-    repairs made to it). Unquantized tensors are cast to BF16; scales stay float32. Consumes `model`."""
+def export(model: Decoder, config: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """modelopt's HF export of a calibrated model: (tensors as they go to safetensors, hf_quant_config as the
+    exporter wrote it; `repair_exclusions` checks it). Unquantized tensors are cast to BF16; scales stay
+    float32. Consumes `model`."""
     # The exporter reads the HF config and device of the model it is given, as on a transformers model.
     model.__dict__.update(config=PretrainedConfig(**config), device=next(model.parameters()).device)
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         # modelopt 0.47 wraps tensors in torch.tensor() (a UserWarning) and prints its progress
         warnings.simplefilter("ignore", UserWarning)
         state, quant_config = _export_transformers_checkpoint(model, torch.bfloat16)
-    tensors = {name: _stored(name, tensor) for name, tensor in state.items()}
-    repairs = repair_exclusions(quant_config, tensors, quantizable_layers(model))
-    return tensors, quant_config, repairs
+    return {name: _stored(name, tensor) for name, tensor in state.items()}, quant_config
 
 
 def _stored(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -155,11 +152,10 @@ def repair_export(folder: Path) -> list[str]:
     return repairs
 
 
-def write_export(folder: Path, tensors: dict[str, torch.Tensor], quant_config: dict[str, Any],
-                 model_config: dict[str, Any]) -> None:
-    """The files of a modelopt HF export: weights, hf_quant_config.json, and config.json carrying the
-    `quantization_config` that serving engines read (quant_method "modelopt")."""
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+def write_quant_config(folder: Path, quant_config: dict[str, Any], model_config: dict[str, Any],
+                       tokenizer_from: Path) -> None:
+    """The files of a modelopt HF export beside its weights: hf_quant_config.json, config.json carrying the
+    `quantization_config` that serving engines read (quant_method "modelopt"), and the tokenizer."""
     write_json(folder / "hf_quant_config.json", quant_config)
-    write_json(folder / "config.json", {**model_config, "torch_dtype": "bfloat16",
-                                        "quantization_config": convert_hf_quant_config_format(quant_config)})
+    write_metadata(folder, {**model_config, "quantization_config": convert_hf_quant_config_format(quant_config)},
+                   tokenizer_from)

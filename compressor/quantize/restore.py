@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from tailor.compressor.checkpoint import QUANT_ALGORITHMS, read_quant_config
+from tailor.compressor.modeling import SelfAttention
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
 
@@ -26,10 +27,11 @@ class QuantizedCheckpointError(ValueError):
 
 
 def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: Path,
-                          dtype: torch.dtype = torch.float32) -> dict[str, str]:
+                          dtype: torch.dtype = torch.float32, prefix: str = "") -> dict[str, str]:
     """Replace each linear layer the export quantized by its `Nvfp4Linear` / `Fp8Linear`, computing in `dtype`
-    (their scales stay float32); return the format of each replaced layer. Call `refresh_quantized` after
-    loading the state dict."""
+    (their scales stay float32); return the format of each replaced layer. `model` may be one part of the
+    exported model (a layer), whose checkpoint names start with `prefix`; `tensors` are named relative to it.
+    Call `refresh_quantized` after loading the state dict."""
     source = folder / "hf_quant_config.json"
     section = read_quant_config(folder)["quantization"]
     expected = QUANT_ALGORITHMS[section["quant_algo"]]
@@ -38,14 +40,16 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue
-        is_excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in excluded)
+        is_excluded = any(fnmatch.fnmatchcase(f"{prefix}{name}", pattern) for pattern in excluded)
         stored = tensors.get(f"{name}.weight")
         if f"{name}.weight_scale" not in tensors:
             if not is_excluded:
-                raise QuantizedCheckpointError(f"{source}: {name} is stored unquantized but not in exclude_modules")
+                raise QuantizedCheckpointError(f"{source}: {prefix}{name} is stored unquantized but not in "
+                                               "exclude_modules")
             continue
         if is_excluded:
-            raise QuantizedCheckpointError(f"{source}: {name} is stored quantized but matches exclude_modules")
+            raise QuantizedCheckpointError(f"{source}: {prefix}{name} is stored quantized but matches "
+                                           "exclude_modules")
         if stored is not None and stored.dtype == torch.uint8:
             replacement: nn.Module = Nvfp4Linear(module.in_features, module.out_features,
                                                  quantize_inputs=f"{name}.input_scale" in tensors, dtype=dtype)
@@ -53,31 +57,39 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
         else:
             replacement, kind = Fp8Linear(module.in_features, module.out_features, dtype), "fp8"
         if kind != expected:
-            raise QuantizedCheckpointError(f"{source}: quant_algo is {section['quant_algo']} but {name} is "
-                                           f"stored as {kind}")
+            raise QuantizedCheckpointError(f"{source}: quant_algo is {section['quant_algo']} but {prefix}{name} "
+                                           f"is stored as {kind}")
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, replacement)
         formats[name] = kind
-    _restore_kv_cache(model, tensors, section, source)
+    _restore_kv_cache(model, tensors, section, source, prefix)
     return formats
 
 
 def _restore_kv_cache(model: nn.Module, tensors: dict[str, torch.Tensor], section: dict[str, Any],
-                      source: Path) -> None:
-    """Round keys and values as an FP8 KV cache does where the export says so; the scales are taken out of
-    `tensors` (they live under `k_proj.k_scale` / `v_proj.v_scale`, not on a module of the modeling)."""
+                      source: Path, prefix: str) -> None:
+    """Round keys and values as an FP8 KV cache does where the export says so: every attention layer then has
+    a `k_scale` and a `v_scale` (under `k_proj` / `v_proj`, not on a module of the modeling), which are taken
+    out of `tensors`."""
     algo = section.get("kv_cache_quant_algo")
-    scales = sorted(name for name in tensors if name.endswith((".k_proj.k_scale", ".v_proj.v_scale")))
     if algo not in (None, "FP8"):
         raise QuantizedCheckpointError(f"{source}: field 'quantization.kv_cache_quant_algo' is {algo!r}; "
                                        "supported: FP8 or null")
-    if bool(scales) != (algo == "FP8"):
-        raise QuantizedCheckpointError(f"{source}: kv_cache_quant_algo is {algo} but the weights hold "
-                                       f"{len(scales)} KV-cache scales")
-    for name in scales:
-        attention, leaf = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
-        quantizer = "k_bmm_quantizer" if leaf == "k_scale" else "v_bmm_quantizer"
-        setattr(model.get_submodule(attention), quantizer, Fp8Round(tensors.pop(name)))
+    scales = {name for name in tensors if name.endswith((".k_proj.k_scale", ".v_proj.v_scale"))}
+    for name, module in model.named_modules():
+        if not isinstance(module, SelfAttention):
+            continue
+        wanted = {f"{name}.k_proj.k_scale", f"{name}.v_proj.v_scale"}
+        if (algo == "FP8") != (wanted <= scales):
+            raise QuantizedCheckpointError(f"{source}: kv_cache_quant_algo is {algo} but attention {prefix}{name} "
+                                           f"has {len(wanted & scales)} of its 2 KV-cache scales")
+        scales -= wanted
+        if algo == "FP8":
+            module.k_bmm_quantizer = Fp8Round(tensors.pop(f"{name}.k_proj.k_scale"))
+            module.v_bmm_quantizer = Fp8Round(tensors.pop(f"{name}.v_proj.v_scale"))
+    if scales:
+        raise QuantizedCheckpointError(f"{source}: KV-cache scales of no attention layer: "
+                                       f"{sorted(prefix + name for name in scales)[:4]}")
 
 
 def refresh_quantized(model: nn.Module) -> None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import modelopt.torch.quantization as mtq
 import pytest
@@ -22,15 +20,17 @@ from transformers import AutoModelForCausalLM, NemotronHConfig, NemotronHForCaus
 
 from tailor.cli.main import main
 from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config, settings_from_config
+from tailor.compressor.checkpoint import CheckpointError, load_decoder, settings_from_config, write_checkpoint
 from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
-from tailor.compressor.quantize.ptq import calibrate, export, repair_exclusions, repair_export, write_export
+from tailor.compressor.quantize.ptq import calibrate, repair_exclusions, repair_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe, tensor_group
+from tailor.compressor.quantize.streamed import write_quantized
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -46,27 +46,39 @@ def batches(vocab: int, count: int = 3, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (2, 24), generator=generator) for _ in range(count)]
 
 
-def quantized_folder(model: Decoder, config: dict[str, Any], recipe: str, folder: Path,
+def quantized_folder(source: Path, recipe: str, folder: Path,
                      kv_cache: KvDtype = KvDtype.BF16) -> tuple[Decoder, list[str]]:
-    """Calibrate a copy of `model`, export it into `folder`; (modelopt's fake-quantized model with the scales of
-    the export, the quantized layers)."""
-    calibrated = copy.deepcopy(model)
-    layers = calibrate(calibrated, RECIPES[recipe], batches(model.arch.vocab_size), kv_cache)
-    tensors, quant_config, _ = export(copy.deepcopy(calibrated), config)
-    # what the exporter does first: layers that share an input (q/k/v, gate/up) share its scale
-    calibrated.__dict__.update(config=PretrainedConfig(**config), device=torch.device("cpu"))
-    requantize_resmooth_fused_llm_layers(calibrated)
+    """Quantize the model in `source` into `folder` a layer at a time, as `tailor quantize` does; return
+    modelopt's whole-model calibration of the same model on the same tokens (fake-quantized, with the scales
+    the export must hold) and the quantized layers."""
+    model = LazyDecoder(source)
+    calibration = batches(model.arch.vocab_size)
     folder.mkdir()
-    write_export(folder, tensors, quant_config, config)
-    return calibrated, layers
+    done = write_quantized(model, RECIPES[recipe], torch.cat(calibration), kv_cache, folder, print)
+    whole = load_decoder(source).eval()
+    layers = calibrate(whole, RECIPES[recipe], lambda m: [m(batch) for batch in calibration], kv_cache)
+    assert sorted(layers) == sorted(done.quantized_layers)
+    # what the exporter does first: layers that share an input (q/k/v, gate/up) share its scale
+    whole.__dict__.update(config=PretrainedConfig(**model.config), device=torch.device("cpu"))
+    requantize_resmooth_fused_llm_layers(whole)
+    return whole, layers
+
+
+def stored_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return {name: tensor for file in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(file).items()}
+
+
+def streamed_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a quantized export read a layer at a time, as the quality gate reads it."""
+    lazy = LazyDecoder(folder, quantized_ok=True)
+    return lazy.head()(sweep(lazy, lazy.embedding()(ids)))
 
 
 def test_an_fp8_export_reloads_as_modelopt_quantized_it(tiny_parent: Path, tmp_path: Path) -> None:
-    model = load_decoder(tiny_parent).eval()
-    fake_quant, layers = quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "fp8")
+    fake_quant, layers = quantized_folder(tiny_parent, "fp8", tmp_path / "fp8")
     assert len(layers) == 4 * 7  # q k v o gate up down in each of the 4 layers; LM head and embedding stay BF16
     restored = load_decoder(tmp_path / "fp8").eval()
-    stored = load_file(tmp_path / "fp8" / "model.safetensors")
+    stored = stored_tensors(tmp_path / "fp8")
     x = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(3))
     for name in layers:
         ours, theirs = restored.get_submodule(name), fake_quant.get_submodule(name)
@@ -81,6 +93,9 @@ def test_an_fp8_export_reloads_as_modelopt_quantized_it(tiny_parent: Path, tmp_p
                                    atol=1e-6)
         expected = F.linear(round_fp8(inputs, ours.input_scale), stored[f"{name}.weight"].float() * scale)
         torch.testing.assert_close(ours(inputs), expected, rtol=0, atol=0)
+    ids = batches(restored.arch.vocab_size, 1)[0]
+    with torch.no_grad():  # the gate reads the export a layer at a time and computes what the whole model does
+        torch.testing.assert_close(streamed_logits(tmp_path / "fp8", ids), restored(ids), rtol=0, atol=1e-5)
     in_bf16 = load_decoder(tmp_path / "fp8", torch.bfloat16).model.layers[0].mlp.up_proj
     assert isinstance(in_bf16, Fp8Linear) and in_bf16.values.dtype == torch.bfloat16
     assert in_bf16.input_scale.dtype == in_bf16.weight_scale.dtype == torch.float32  # scales are not rounded
@@ -97,8 +112,8 @@ def decode_nvfp4(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
 
 def test_nvfp4_layers_compute_exactly_from_the_exported_bytes(tiny_parent: Path, tmp_path: Path) -> None:
     model = load_decoder(tiny_parent).eval()
-    _, layers = quantized_folder(model, read_config(tiny_parent), "nvfp4", tmp_path / "nvfp4")
-    stored = load_file(tmp_path / "nvfp4" / "model.safetensors")
+    _, layers = quantized_folder(tiny_parent, "nvfp4", tmp_path / "nvfp4")
+    stored = stored_tensors(tmp_path / "nvfp4")
     restored = load_decoder(tmp_path / "nvfp4").eval()
     generator = torch.Generator().manual_seed(2)
     agreement = []
@@ -119,8 +134,7 @@ def test_nvfp4_layers_compute_exactly_from_the_exported_bytes(tiny_parent: Path,
 
 
 def test_w4a16_leaves_activations_unquantized(tiny_parent: Path, tmp_path: Path) -> None:
-    model = load_decoder(tiny_parent).eval()
-    quantized_folder(model, read_config(tiny_parent), "nvfp4-w4a16", tmp_path / "w4a16")
+    quantized_folder(tiny_parent, "nvfp4-w4a16", tmp_path / "w4a16")
     quant = json.loads((tmp_path / "w4a16" / "hf_quant_config.json").read_text())
     assert quant["quantization"]["quant_algo"] == "W4A16_NVFP4"
     layer = load_decoder(tmp_path / "w4a16").model.layers[1].mlp.gate_proj
@@ -130,11 +144,10 @@ def test_w4a16_leaves_activations_unquantized(tiny_parent: Path, tmp_path: Path)
 
 
 def test_an_fp8_kv_cache_is_calibrated_exported_and_restored(tiny_parent: Path, tmp_path: Path) -> None:
-    model = load_decoder(tiny_parent).eval()
-    fake_quant, _ = quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "kv", KvDtype.FP8)
+    fake_quant, _ = quantized_folder(tiny_parent, "fp8", tmp_path / "kv", KvDtype.FP8)
     quant = json.loads((tmp_path / "kv" / "hf_quant_config.json").read_text())["quantization"]
     assert quant["kv_cache_quant_algo"] == "FP8"
-    stored = load_file(tmp_path / "kv" / "model.safetensors")
+    stored = stored_tensors(tmp_path / "kv")
     restored = load_decoder(tmp_path / "kv").eval()
     for index in range(4):
         theirs, ours = fake_quant.model.layers[index].self_attn, restored.model.layers[index].self_attn
@@ -145,28 +158,31 @@ def test_an_fp8_kv_cache_is_calibrated_exported_and_restored(tiny_parent: Path, 
             assert isinstance(rounding, Fp8Round) and torch.equal(rounding.scale, scale)
     caches = restored.new_caches(1, 16)
     with torch.no_grad():
-        restored(batches(model.arch.vocab_size, 1)[0][:1, :8], caches)
+        restored(batches(restored.arch.vocab_size, 1)[0][:1, :8], caches)
     keys = caches[0].keys[:, :, :8] / restored.model.layers[0].self_attn.k_bmm_quantizer.scale
     assert torch.equal(keys, keys.to(torch.float8_e4m3fn).float())  # the cache holds FP8 values
     quant["kv_cache_quant_algo"] = None
     (tmp_path / "kv" / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
-    with pytest.raises(CheckpointError, match="kv_cache_quant_algo is None but the weights hold 8 KV-cache scales"):
-        load_decoder(tmp_path / "kv")
+    for read in (load_decoder, lambda folder: LazyDecoder(folder, quantized_ok=True).layer(0)):
+        with pytest.raises(CheckpointError, match=r"kv_cache_quant_algo is None but attention "
+                                                  r"model\.layers\.0\.self_attn has 2 of its 2 KV-cache scales"):
+            read(tmp_path / "kv")
 
 
 def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) -> None:
     arch = architecture_from_config(HYBRID)
     torch.manual_seed(0)
     model = Decoder(arch, settings_from_config(HYBRID, "test")).eval()
+    write_checkpoint(model, tmp_path / "parent", HYBRID, tmp_path)
     recipe = RECIPES["nvfp4-mamba-moe"]
-    _, layers = quantized_folder(model, HYBRID, recipe.name, tmp_path / "hybrid")
+    _, layers = quantized_folder(tmp_path / "parent", recipe.name, tmp_path / "hybrid")
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert sorted(layers) == sorted(n for n in linear if tensor_group(n) in recipe.quantized)
     assert "backbone.layers.0.mixer.in_proj" in layers and "backbone.layers.2.mixer.experts.3.down_proj" in layers
     assert "backbone.layers.1.mixer.q_proj" not in layers  # attention and latent projections stay BF16
     restored = load_decoder(tmp_path / "hybrid")
     assert type(restored.backbone.layers[2].mixer.fc1_latent_proj) is torch.nn.Linear
-    stored = load_file(tmp_path / "hybrid" / "model.safetensors")
+    stored = stored_tensors(tmp_path / "hybrid")
     packed = sum(stored[f"{n}.weight"].numel() + stored[f"{n}.weight_scale"].numel() for n in layers)
     unquantized = weight_bytes(arch, RECIPES["bf16"]) - sum(
         model.get_submodule(n).weight.numel() * 2 for n in layers)
@@ -222,8 +238,7 @@ def test_a_transformers_nemotron_h_export_is_repaired_and_restored_where_transfo
 
 
 def test_a_quantized_folder_that_contradicts_its_config_is_named(tiny_parent: Path, tmp_path: Path) -> None:
-    model = load_decoder(tiny_parent).eval()
-    quantized_folder(model, read_config(tiny_parent), "fp8", tmp_path / "good")
+    quantized_folder(tiny_parent, "fp8", tmp_path / "good")
     for case, change in (("missing", None), ("excluded", "model.layers.0.self_attn.q_proj"), ("algo", "NVFP4")):
         folder = tmp_path / case
         shutil.copytree(tmp_path / "good", folder)
@@ -240,8 +255,9 @@ def test_a_quantized_folder_that_contradicts_its_config_is_named(tiny_parent: Pa
             match = "quant_algo is NVFP4 but .* is stored as fp8"
         if change is not None:
             quant_file.write_text(json.dumps(quant))
-        with pytest.raises(CheckpointError, match=match):
-            load_decoder(folder)
+        for read in (load_decoder, lambda folder: LazyDecoder(folder, quantized_ok=True).layer(0)):
+            with pytest.raises(CheckpointError, match=match):
+                read(folder)
 
 
 def test_auto_picks_nvfp4_on_blackwell_and_fp8_on_hopper_and_ada() -> None:
