@@ -1,5 +1,6 @@
 """Compression in bounded memory per rank, measured: `tailor compress` under `torchrun --nproc-per-node 2` (gloo)
-on a randomly initialised Llama several times larger than the memory budget each rank is given.
+on a randomly initialised Llama several times larger than the memory budget each rank is given, then
+`tailor quantize` (FP8) and `tailor evaluate` (the quality gate) on its child, one process each.
 
 Each rank's peak resident set (RSS, Linux VmHWM reset per stage) is recorded per stage by the pipeline itself
 (`out/memory.rank{r}.json`) and printed beside the budget and beside the dry run's prediction for the same plan
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -84,6 +86,36 @@ def predicted(plan: Path, ranks: int, budget_gib: float, gpu: str) -> dict[str, 
     return {need["stage"]: need["peak_bytes"] for need in json.loads(result.stdout)["stages"]}
 
 
+def run_measured(command: list[str]) -> int:
+    """Run `command` and return its peak resident set in bytes (the process's own, from wait4)."""
+    process = subprocess.Popen(command)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    return usage.ru_maxrss * 1024
+
+
+def after_compression(child: Path, parent: Path, work: Path, device: str) -> dict[str, dict[str, float]]:
+    """`tailor quantize` (FP8, KL to the parent too) and `tailor evaluate` (the gate) on the child, one process
+    each: the quantizer's own peaks per stage, and the gate's whole-process peak."""
+    cli = [sys.executable, "-m", "tailor.cli.main"]
+    quantized = work / "child-fp8"
+    run_measured([*cli, "quantize", "--model", str(child), "--out", str(quantized), "--format", "fp8",
+                  "--parent", str(parent), "--json"])
+    report = json.loads((quantized / "quantization.json").read_text())
+    figures: dict[str, dict[str, float]] = {
+        f"quantize.{stage}": {**peaks, "seconds": report["stage_seconds"][stage]}
+        for stage, peaks in report["peak_memory_bytes"].items()}
+    started = time.monotonic()
+    gate = run_measured([*cli, "evaluate", "--model", str(quantized), "--parent", str(parent), "--min-retention",
+                         "0.01"])
+    figures["gate (whole process)"] = {"rss": gate, "seconds": time.monotonic() - started}
+    if device != "cpu":
+        figures = {k: v for k, v in figures.items() if "cuda" in v}
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=1536)
@@ -119,6 +151,7 @@ def main() -> int:
     subprocess.run([*launcher, "-m", "tailor.cli.main", "compress", "--config", str(plan), "--out", str(out)],
                    check=True)
     wall = time.monotonic() - started
+    after = after_compression(out / "child", parent, args.work, args.device)
     kind = "rss" if args.device == "cpu" else "cuda"
     peaks = [json.loads((out / f"memory.rank{r}.json").read_text()) for r in range(args.ranks)]
     report = json.loads((out / "report.json").read_text())
@@ -128,6 +161,9 @@ def main() -> int:
              "at_start": [p.get(stage, {}).get(f"{kind}_at_start") for p in peaks],
              "predicted": expected.get(stage.split(".")[-1]), "seconds": report["stage_seconds"].get(stage)}
             for stage in stages]
+    rows += [{"stage": stage, "memory": kind, "per_rank": [figures[kind]] + [None] * (args.ranks - 1),
+              "at_start": [figures.get(f"{kind}_at_start")], "predicted": None, "seconds": figures.get("seconds")}
+             for stage, figures in after.items()]
     result = {"parent_params": params, "parent_bytes_bf16": parent_bytes, "parent_bytes_fp32": 4 * params,
               "budget_bytes": budget, "ranks": args.ranks, "device": args.device, "wall_seconds": wall,
               "child_params": report["child"]["params"], "child_perplexity": report["child"]["quality"]["perplexity"],

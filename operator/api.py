@@ -31,6 +31,7 @@ SHORT_NAMES = ("cmodel",)
 QUANTITY_PATTERN = r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_CONTEXT_LENGTH = 16 * 1024 * 1024
+MAX_BATCH = 4096  # tailor.compressor.puzzle.plan.Target.batch
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
@@ -172,10 +173,14 @@ class CompressionSpec(ApiModel):
     context_length: int = Field(
         default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
         description="Sequence length the constraints are computed at (KV cache and state per request).")
-    batch: int = Field(
-        default=1, ge=1, le=4096,
+    batch: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH,
         description="Concurrent requests per GPU the constraints are computed at: memoryBudgetPerGPU holds the "
-        "weights plus this many requests' KV cache and state, and throughput is decode throughput at this batch.")
+        "weights plus this many requests' KV cache and state, and throughput is decode throughput at this batch. "
+        "Unset: the most a pool of spec.deployment asks of each GPU of its Ready, schedulable nodes (perNode over "
+        "the GPUs per node, or total over nodes x GPUs per node, rounded up), taken when the build is planned; "
+        "1 without a deployment or without such nodes. status.build.batchSource says which. Changing the pools "
+        "later does not rebuild; setting batch does.")
     rounds: int = Field(default=3, ge=1, le=10, description="Rounds of Iterative Puzzle (1 is one-shot Puzzle).")
     distillation: DistillationSpec = Field(default_factory=DistillationSpec, json_schema_extra={"default": {}})
     min_quality_retention: float = Field(
@@ -454,6 +459,11 @@ class BuildStatus(StatusModel):
     kv_cache_dtype: str | None = Field(default=None, alias="kvCacheDtype",
                                        description="KV-cache dtype the build resolved.")
     target_product: str | None = Field(default=None, description="nvidia.com/gpu.product the build's Jobs run on.")
+    batch: int | None = Field(default=None, ge=1, description="Concurrent requests per GPU the build's "
+                              "constraints are computed at.")
+    batch_source: str | None = Field(default=None, description="Where batch came from: spec.compression.batch, "
+                                     "or the pool asking the most of each GPU, e.g. pool h100 (perNode 64 over 8 "
+                                     "GPUs), or why it is the default 1.")
     recipe: str | None = Field(default=None, description="The quantization recipe the build produced (bf16 "
                                "without quantization); pools are sized with it.")
     weight_bytes: int | None = Field(default=None, ge=0, description="Bytes of the quantized weights.")

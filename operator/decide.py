@@ -35,7 +35,7 @@ from tailor.operator.conditions import (
 )
 from tailor.operator.decision import Decision, Pass, Refused, read_status
 from tailor.operator.observe import Observed
-from tailor.operator.resolve import InvalidPlan, fingerprint, resolve
+from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.workloads import claim_ready, job_outcome, start_job
 
@@ -110,8 +110,10 @@ def start_build(p: Pass, spec: CompressedModelSpec) -> None:
 
 def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
     """The build's plan: as written in its ConfigMap once that exists (what the Jobs read), else resolved
-    now. Its resolved values go into the status."""
+    now, at the batch the spec or the pools' nodes give (an Event when that changes). Its resolved values go
+    into the status."""
     config_map = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation))
+    source = p.build.batch_source  # recorded when the plan was resolved
     if config_map is not None:
         try:
             plan = BuildPlan.model_validate(yaml.safe_load((config_map.get("data") or {})[PLAN_FILE]))
@@ -120,10 +122,16 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                f"plan: {error}") from error
     else:
         try:
-            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, p.status.serving_generation)
+            batch = target_batch(spec, p.world.nodes)
+            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, batch.value,
+                           p.status.serving_generation)
         except (InvalidPlan, ValueError) as error:
             raise Refused(Reason.INVALID_PLAN, str(error)) from error
-    p.status.build = p.build.model_copy(update={"precision": plan.precision.value,
+        if batch.source != source:
+            p.event("BatchChosen", batch.message(), warning=bool(batch.left_out))
+        source = batch.source
+    p.status.build = p.build.model_copy(update={"batch": plan.puzzle.target.batch, "batch_source": source,
+                                                "precision": plan.precision.value,
                                                 "kv_cache_dtype": plan.kv_cache_dtype.value,
                                                 "target_product": plan.target_product})
     return plan

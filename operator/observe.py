@@ -1,6 +1,6 @@
 """What one reconciliation pass sees: the object and everything of it the API server holds, read in a few
-list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized, and the
-termination messages of finished Jobs whose result the status has not taken yet.
+list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's
+batch is taken from them, and the termination messages of finished Jobs whose result the status has not taken yet.
 
 `Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
 """
@@ -89,6 +89,7 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     pods: list[dict[str, Any]] = []
     if any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
         pods = kube.select(owner, "Pod", namespace, selector)
-    sizing = spec.get("deployment") and built
-    return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if sizing else [],
+    batch_from_pools = (spec.get("compression") or {}).get("batch") is None
+    needs_nodes = spec.get("deployment") and (built or batch_from_pools)
+    return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods))

@@ -8,7 +8,8 @@ revision it already serves there (node churn must not take serving down). A pool
 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs weight-only
 (W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
 development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or
-the Python fallback engine where it cannot run the model at all (MoE hybrids).
+the Python fallback engine where it cannot run the model at all (MoE hybrids). Before there is a build, what
+a pool asks of each GPU (`gpu_ask`) gives the build its batch (`resolve.target_batch`).
 
 Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live
 cluster and a test's nodes.
@@ -90,6 +91,29 @@ def schedulable(node: dict[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return ready and not (node.get("spec") or {}).get("unschedulable") and allocatable_gpus(node) > 0
+
+
+class GpuAsk(BaseModel):
+    """What a pool's concurrency asks of each GPU of its schedulable nodes."""
+
+    pool: str
+    per_gpu: int
+    why: str  # e.g. "perNode 64 over 8 GPUs"
+
+
+def gpu_ask(pool: NodePoolTarget, nodes: list[dict[str, Any]]) -> GpuAsk | None:
+    """The pool's concurrency over its schedulable nodes and their GPUs (the fewest any of them has, as
+    `plan_pool` counts them), rounded up; None without such a node."""
+    members = [node for node in matching_nodes(nodes, pool.node_selector) if schedulable(node)]
+    if not members:
+        return None
+    gpus = min(map(allocatable_gpus, members))
+    per_node, total = pool.concurrency.per_node, pool.concurrency.total
+    if per_node is not None:
+        return GpuAsk(pool=pool.name, per_gpu=math.ceil(per_node / gpus), why=f"perNode {per_node} over {gpus} GPUs")
+    assert total is not None  # the API guarantees exactly one of perNode and total
+    return GpuAsk(pool=pool.name, per_gpu=math.ceil(total / (len(members) * gpus)),
+                  why=f"total {total} over {len(members)} node(s) x {gpus} GPUs")
 
 
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,

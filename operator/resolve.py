@@ -1,8 +1,10 @@
 """From a CompressedModel's spec to its `BuildPlan`: every decision made once, here.
 
-`resolve` is pure and torch-free: the same spec, settings and build give the same plan. The operator writes
-the plan into a ConfigMap that each stage Job reads (`--plan`), and reads it back from there on later passes,
-so what the Jobs run and what the operator believes they run cannot drift apart.
+`resolve` is pure and torch-free: the same spec, settings, build and batch give the same plan. The batch
+(`target_batch`) is the spec's, or what the deployment's pools ask of each GPU of the nodes they have when the
+build is planned. The operator writes the plan into a ConfigMap that each stage Job reads (`--plan`), and reads
+it back from there on later passes, so what the Jobs run and what the operator believes they run cannot drift
+apart (nor the batch move with the nodes).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tailor.compressor.buildplan import (
     SOURCE_MOUNT,
@@ -24,14 +26,16 @@ from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
 from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training, problems
 from tailor.operator import names
-from tailor.operator.api import CompressedModelSpec
+from tailor.operator.api import MAX_BATCH, CompressedModelSpec
+from tailor.operator.pools import gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
 # Plan fields the operator derives from the spec: planOverrides may not change them.
 DECIDED = {"parent": "spec.source", "data.text": "the operator", "target.gpu": "spec.compression.targetGPU",
            "target.precision": "spec.quantization.precision",
-           "target.kvDtype": "spec.quantization.kvCacheDtype", "target.batch": "spec.compression.batch",
+           "target.kvDtype": "spec.quantization.kvCacheDtype",
+           "target.batch": "spec.compression.batch or spec.deployment.pools",
            "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
            "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
            "bld.tokens": "spec.compression.distillation.blockwiseTokens",
@@ -80,10 +84,46 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: KvDtype = KvDtype.BF16) -> Plan:
-    """The Puzzle plan the compression Job runs.
+class TargetBatch(BaseModel):
+    """The concurrent requests per GPU the plan's constraints are computed at, and where that number came from."""
 
-    `latencyFactor` is per-token (decode) latency at the spec's batch, so it becomes a decode throughput
+    model_config = ConfigDict(frozen=True)
+
+    value: int
+    source: str
+    left_out: tuple[str, ...] = ()  # pools with no schedulable node to divide their concurrency over
+
+    def message(self) -> str:
+        return f"batch {self.value} per GPU from {self.source}"
+
+
+def target_batch(spec: CompressedModelSpec, nodes: list[dict[str, Any]]) -> TargetBatch:
+    """spec.compression.batch when set; else the most a pool of spec.deployment asks of each GPU of its
+    schedulable `nodes` (`pools.gpu_ask`); else 1."""
+    if spec.compression.batch is not None:
+        return TargetBatch(value=spec.compression.batch, source="spec.compression.batch")
+    if spec.deployment is None:
+        return TargetBatch(value=1, source="the default: no spec.deployment to take it from")
+    asks = {pool.name: gpu_ask(pool, nodes) for pool in spec.deployment.pools}
+    left_out = tuple(name for name, ask in asks.items() if ask is None)
+    known = [ask for ask in asks.values() if ask is not None]
+    if not known:
+        return TargetBatch(value=1, left_out=left_out, source="the default: no pool of spec.deployment has a "
+                           "Ready, schedulable node with GPUs yet; set spec.compression.batch to choose it")
+    top = max(known, key=lambda ask: ask.per_gpu)
+    if top.per_gpu > MAX_BATCH:
+        raise InvalidPlan(f"spec.deployment.pools: pool {top.pool} asks {top.per_gpu} concurrent requests per GPU "
+                          f"({top.why}), above the {MAX_BATCH} a build is planned for; set spec.compression.batch")
+    source = f"pool {top.pool} ({top.why})" + (
+        f"; left out, with no Ready, schedulable node with GPUs: {', '.join(left_out)}" if left_out else "")
+    return TargetBatch(value=top.per_gpu, source=source, left_out=left_out)
+
+
+def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision,
+                     kv_dtype: KvDtype = KvDtype.BF16) -> Plan:
+    """The Puzzle plan the compression Job runs, its constraints computed at `batch` (`target_batch`).
+
+    `latencyFactor` is per-token (decode) latency at that batch, so it becomes a decode throughput
     target of 1 / latencyFactor; the plan's own `latency` (prefill) is left to planOverrides."""
     c = spec.compression
     overrides = c.plan_overrides or {}
@@ -93,7 +133,7 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: 
     throughputs = [t for t in (c.throughput_factor, None if c.latency_factor is None else 1 / c.latency_factor)
                    if t is not None]
     target: dict[str, Any] = {"gpu": c.target_gpu.value, "precision": precision.value, "kvDtype": kv_dtype.value,
-                              "batch": c.batch, "context": c.context_length}
+                              "batch": batch, "context": c.context_length}
     if throughputs:
         target["throughput"] = max(throughputs)
     if c.request_tokens_per_second is not None:
@@ -118,10 +158,10 @@ def compression_plan(spec: CompressedModelSpec, precision: Precision, kv_dtype: 
         raise InvalidPlan(f"spec.compression (with planOverrides) makes an invalid plan: {problems(error)}") from error
 
 
-def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog,
+def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog, batch: int,
             serving: int | None = None) -> BuildPlan:
-    """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force; the folders of the
-    generation `serving` outlive the build."""
+    """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force and the constraints
+    computed at `batch`; the folders of the generation `serving` outlive the build."""
     gpu = catalog.get(spec.compression.target_gpu.value)
     if not gpu.gfd_products:
         raise InvalidPlan(f"spec.compression.targetGPU: GPU profile {gpu.name} names no nvidia.com/gpu.product to "
@@ -135,7 +175,7 @@ def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalo
         kv_cache_dtype=kv_dtype,
         gpu_profiles=list(catalog.profiles.values()),
         layout=ArtifactLayout(folder=names.folder(model), build=build, keep=[] if serving is None else [serving]),
-        puzzle=compression_plan(spec, precision, kv_dtype),
+        puzzle=compression_plan(spec, batch, precision, kv_dtype),
         quantize=None if precision is Precision.BF16 else QuantizeStep(
             format=precision.value, calibration_tokens=spec.quantization.calibration_samples * CALIBRATION_WINDOW,
             eval_tokens=quality_tokens),

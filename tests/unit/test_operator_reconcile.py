@@ -24,7 +24,7 @@ from tailor.operator.execute import reconcile
 from tailor.operator.observe import job_finished
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
 
-from fakekube import FakeKube
+from fakekube import FakeKube, ready_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = OperatorSettings(annotation_prefixes=(*ANNOTATION_PREFIXES, "devcluster.tailor.dev/"))
@@ -212,6 +212,48 @@ def test_a_failed_gate_keeps_the_serving_revision_and_is_not_retried(kube: FakeK
     assert kube.names("Deployment") == ["m-h100-g1"]
     kube.update_spec("m", {"deployment": {"maxReplicas": 3}})  # same build inputs: the gate is not rerun
     assert step(kube).phase == "Failed" and "m-g4-compress" not in kube.names("Job")
+
+
+# --- the batch a build is planned at -----------------------------------------------------------------------
+
+
+def batch_events(kube: FakeKube) -> list[tuple[str, str, str]]:
+    return [event for event in kube.events if event[1] == "BatchChosen"]
+
+
+def test_the_build_is_planned_at_the_most_a_pool_asks_of_each_gpu_and_says_so(kube: FakeKube) -> None:
+    body = manifest()  # h100: perNode 16 over 8 GPUs per node, 2 per GPU
+    body["spec"]["deployment"]["pools"][1]["concurrency"] = {"total": 40}  # a100: over 2 nodes x 4 GPUs, 5
+    kube.apply(body)
+    assert step(kube).phase == "Compressing"
+    assert plan_of(kube, "m-g1-plan").puzzle.target.batch == 5
+    build = kube.status("m")["build"]
+    assert (build["batch"], build["batchSource"]) == (5, "pool a100 (total 40 over 2 node(s) x 4 GPUs)")
+    assert batch_events(kube) == [("Normal", "BatchChosen", "batch 5 per GPU from pool a100 (total 40 over 2 "
+                                                            "node(s) x 4 GPUs)")]
+    drive(kube, "Ready")
+    pools = [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 64}}]
+    kube.update_spec("m", {"deployment": {"pools": pools}})  # asks 8 of each GPU now: served from the same build
+    ready = drive(kube, "Ready")
+    assert ready.status.build is not None and (ready.status.build.generation, ready.status.build.batch) == (1, 5)
+    assert len(batch_events(kube)) == 1
+    kube.update_spec("m", {"compression": {"batch": 8}})  # setting it is a build input: a new build
+    step(kube)
+    assert plan_of(kube, "m-g3-plan").puzzle.target.batch == 8
+    assert kube.status("m")["build"]["batchSource"] == "spec.compression.batch"
+
+
+def test_without_nodes_to_ask_the_build_is_planned_at_batch_1_with_a_warning() -> None:
+    kube = FakeKube(nodes=[])  # the GPU pools are scaled to zero while the build is planned
+    kube.apply(manifest())
+    assert step(kube).phase == "Compressing"
+    assert plan_of(kube, "m-g1-plan").puzzle.target.batch == 1
+    ((kind, _, message),) = batch_events(kube)
+    assert kind == "Warning" and message.startswith("batch 1 per GPU from the default: no pool of spec.deployment "
+                                                    "has a Ready, schedulable node with GPUs yet")
+    kube.node_list.extend(ready_nodes())  # the pools scale up: the build under way is not planned again
+    ready = drive(kube, "Ready")
+    assert ready.status.build is not None and (ready.status.build.generation, ready.status.build.batch) == (1, 1)
 
 
 # --- hardening: names and API refusals ------------------------------------------------------------------

@@ -14,11 +14,17 @@ from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hardware import GpuCatalog, Precision
 from tailor.compressor.puzzle.plan import Target
 from tailor.compressor.results import TERMINATION_MESSAGE_BYTES, CompressResult, pack_config, unpack_config
-from tailor.operator.api import CompressedModel
-from tailor.operator.resolve import InvalidPlan, compression_plan, fingerprint, resolve
+from tailor.operator.api import CompressedModel, CompressedModelSpec
+from tailor.operator.resolve import InvalidPlan, TargetBatch, compression_plan, fingerprint, resolve, target_batch
+
+from fakekube import ready_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = GpuCatalog.load()
+NODES = ready_nodes()  # the devcluster's pools: h100 2 nodes x 8 GPUs, a100 2 x 4, l40s 1 x 2, ...
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+L40S = {"nvidia.com/gpu.product": "NVIDIA-L40S"}
 
 
 def example(**compression: Any) -> CompressedModel:
@@ -27,12 +33,20 @@ def example(**compression: Any) -> CompressedModel:
     return CompressedModel.model_validate(body)
 
 
+def serving_on(*pools: tuple[str, dict[str, str], dict[str, int]], **compression: Any) -> CompressedModelSpec:
+    """The H100 example served on `pools`: (name, nodeSelector, concurrency)."""
+    body = example(**compression).model_dump(by_alias=True, exclude_none=True)
+    body["spec"]["deployment"]["pools"] = [{"name": name, "nodeSelector": selector, "concurrency": concurrency}
+                                           for name, selector, concurrency in pools]
+    return CompressedModel.model_validate(body).spec
+
+
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "1a2b3c4d-0000"}}
 
 
 def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget() -> None:
     spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8, requestTokensPerSecond=100).spec
-    plan = compression_plan(spec, Precision.NVFP4)
+    plan = compression_plan(spec, target_batch(spec, []).value, Precision.NVFP4)
     target = plan.model_dump(by_alias=True, exclude_none=True)["target"]
     assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "kvDtype": "bf16", "batch": 8, "context": 1_000_000,
                       "throughput": 2.0,  # per-token latency x0.5 at the batch is 2x decode throughput
@@ -44,23 +58,60 @@ def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget(
 
 def test_plan_overrides_merge_and_unknown_fields_fail_with_the_field() -> None:
     spec = example(planOverrides={"library": {"ffnWidths": [0.5]}, "evalTokens": 64}).spec
-    plan = compression_plan(spec, Precision.NVFP4)
+    plan = compression_plan(spec, 1, Precision.NVFP4)
     assert plan.library.ffn_widths == [0.5] and plan.library.no_op is True and plan.eval_tokens == 64
     with pytest.raises(InvalidPlan, match=r"library\.ffnWidth"):
-        compression_plan(example(planOverrides={"library": {"ffnWidth": [0.5]}}).spec, Precision.NVFP4)
+        compression_plan(example(planOverrides={"library": {"ffnWidth": [0.5]}}).spec, 1, Precision.NVFP4)
+    with pytest.raises(InvalidPlan, match=r"target\.batch is set from spec\.compression\.batch or spec\.deployment"):
+        compression_plan(example(planOverrides={"target": {"batch": 64}}).spec, 1, Precision.NVFP4)
+
+
+def test_the_batch_is_what_the_pools_ask_of_each_gpu_of_their_nodes() -> None:
+    # the example's h100 pool: perNode 64 over 8 GPUs per node, the 8 requests per H100 of its memory budget
+    assert target_batch(example().spec, NODES) == TargetBatch(value=8, source="pool h100 (perNode 64 over 8 GPUs)")
+    assert target_batch(serving_on(("h100", H100, {"perNode": 20})), NODES).value == 3  # 2.5, rounded up
+    total = target_batch(serving_on(("a100", A100, {"total": 20})), NODES)
+    assert total == TargetBatch(value=3, source="pool a100 (total 20 over 2 node(s) x 4 GPUs)")  # 2.5 per GPU
+    # only Ready, schedulable nodes with GPUs count, as when the pool is sized: half the nodes, twice the ask
+    h100s = [n for n in NODES if n["metadata"]["labels"].get("nvidia.com/gpu.product") == H100[
+        "nvidia.com/gpu.product"]]
+    cordoned = [{**n, "spec": {"unschedulable": True}} if n is h100s[0] else n for n in NODES]
+    assert target_batch(serving_on(("h100", H100, {"total": 64})), NODES).value == 4
+    assert target_batch(serving_on(("h100", H100, {"total": 64})), cordoned).value == 8
+    # the plan's memory and throughput constraints are computed at it
+    spec = example().spec
+    assert compression_plan(spec, target_batch(spec, NODES).value, Precision.NVFP4).target.batch == 8
+
+
+def test_the_batch_is_the_most_any_pool_asks_of_a_gpu() -> None:
+    spec = serving_on(("h100", H100, {"perNode": 24}), ("a100", A100, {"total": 40}), ("l40s", L40S, {"perNode": 8}),
+                      ("gone", {"pool": "none"}, {"perNode": 4096}))
+    assert target_batch(spec, NODES) == TargetBatch(  # 3, 5 and 4 per GPU; no node to divide 4096 over
+        value=5, left_out=("gone",), source="pool a100 (total 40 over 2 node(s) x 4 GPUs); left out, with no "
+                                             "Ready, schedulable node with GPUs: gone")
+
+
+def test_an_explicit_batch_wins_and_without_nodes_or_pools_the_batch_is_1() -> None:
+    assert target_batch(example(batch=2).spec, NODES) == TargetBatch(value=2, source="spec.compression.batch")
+    assert target_batch(example(batch=1).spec, []).value == 1
+    unknown = target_batch(example().spec, [])
+    assert (unknown.value, unknown.left_out) == (1, ("h100",)) and "set spec.compression.batch" in unknown.source
+    assert target_batch(example().spec.model_copy(update={"deployment": None}), NODES).value == 1
+    with pytest.raises(InvalidPlan, match="pool l40s asks 250000 concurrent requests per GPU"):
+        target_batch(serving_on(("l40s", L40S, {"total": 500_000})), NODES)  # above Puzzle's 4096
 
 
 def test_auto_is_resolved_once_for_the_target_and_the_plan_says_so() -> None:
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["spec"]["quantization"] = {"precision": "auto", "kvCacheDtype": "auto"}
-    hopper = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    hopper = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG, 1)
     assert (hopper.precision, hopper.kv_cache_dtype.value) == (Precision.FP8, "fp8")
     assert hopper.quantize is not None and hopper.quantize.format == "fp8"  # never `auto` to a Job
     assert hopper.puzzle.target.precision is Precision.FP8
     body["spec"]["compression"]["targetGPU"] = "B200-180GB"
-    assert resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG).precision is Precision.NVFP4
+    assert resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG, 1).precision is Precision.NVFP4
     body["spec"]["compression"]["targetGPU"] = "A100-80GB"
-    ampere = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    ampere = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG, 1)
     assert ampere.precision is Precision.BF16 and ampere.quantize is None and ampere.stages == ("compress",
                                                                                                    "evaluate")
     assert ampere.checkpoint == "/artifacts/m-1a2b3c4d/g2/compress/child"
@@ -77,7 +128,7 @@ def test_absolute_parameter_caps_become_shares_of_the_parent() -> None:
 
 def test_the_layout_and_what_changes_the_build() -> None:
     spec = example().spec
-    plan = resolve(spec, OWNER, 2, CATALOG)
+    plan = resolve(spec, OWNER, 2, CATALOG, 1)
     assert (plan.layout.child, plan.layout.quantized, plan.checkpoint) == (
         "/artifacts/m-1a2b3c4d/g2/compress/child", "/artifacts/m-1a2b3c4d/g2/quantized",
         "/artifacts/m-1a2b3c4d/g2/quantized")
@@ -85,7 +136,7 @@ def test_the_layout_and_what_changes_the_build() -> None:
     assert plan.layout.result("compress") == "/artifacts/m-1a2b3c4d/g2/results/compress.json"
     cpu = CompressedModel.model_validate({"apiVersion": "tailor.dev/v1alpha1", "kind": "CompressedModel", "spec": {
         "source": {"uri": "pvc://models/toy"}, "compression": {"targetGPU": "cpu", "throughputFactor": 1.2}}})
-    toy = resolve(cpu.spec, OWNER, 1, CATALOG)
+    toy = resolve(cpu.spec, OWNER, 1, CATALOG, 1)
     assert toy.quantize is None and toy.parent == "/source/toy"  # auto on a device without FP8: BF16 served
     base = fingerprint(spec)
     assert fingerprint(example().spec.model_copy(update={"deployment": None})) == base
@@ -106,7 +157,7 @@ def test_the_75b_child_config_fits_a_termination_message() -> None:
 
 def test_a_build_keeps_its_own_and_the_serving_generations_folders_only(tmp_path: Path) -> None:
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 5, CATALOG, serving=3)
+    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 5, CATALOG, 1, serving=3)
     assert plan.layout.keep == [3]
     folder = tmp_path / plan.layout.folder
     for name in ("g1", "g3", "g4", "g5", "g10", "grafana"):
@@ -123,7 +174,7 @@ def test_tailor_result_hands_back_a_stage_result_from_the_claim(tmp_path: Path) 
     from tailor.cli.main import main
 
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG)
+    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 2, CATALOG, 1)
     plan = plan.model_copy(update={"layout": plan.layout.model_copy(update={"root": str(tmp_path)})})
     (tmp_path / "plan.yaml").write_text(plan.dump())
     args = ["result", "--plan", str(tmp_path / "plan.yaml"), "--stage", "compress", "--result-file",
