@@ -1,7 +1,7 @@
 """The quality gate: a compressed (and quantized) child against its parent on held-out text.
 
-Quality is top-1 next-token accuracy on the held-out works (whole works never trained on, as in
-`tailor compress`); retention is the child's accuracy over the parent's, compared with the floor the
+Quality is top-1 next-token accuracy on the held-out text (the corpus's held-out source, or its whole
+held-out documents, never trained on: the same rule as `tailor compress`); retention is the child's accuracy over the parent's, compared with the floor the
 CompressedModel sets. Perplexities and KL(parent || child) are reported beside it. Both models, quantized
 exports included, are streamed a layer at a time, never held whole. The result is small
 JSON, so a Job can hand it to the operator as its termination message (at most 4096 bytes).
@@ -16,8 +16,9 @@ import torch
 from transformers import AutoTokenizer
 
 from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
+from tailor.compressor.puzzle.data import corpus_texts, token_windows
 from tailor.compressor.puzzle.evaluate import paired_logits
+from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.puzzle.scoring import kl_and_loss
 from tailor.compressor.results import GateResult
 
@@ -41,14 +42,14 @@ def _compare(child: LazyDecoder, parent: LazyDecoder, ids: torch.Tensor) -> dict
             "child_perplexity": math.exp(totals["child_loss"] / rows), "kl_to_parent": totals["kl"] / rows}
 
 
-def evaluate(child: Path, parent: Path, min_retention: float, text: str = "shakespeare", seq_len: int = 256,
-             eval_tokens: int = 4096, heldout_every: int = 8) -> GateResult:
+def evaluate(child: Path, parent: Path, min_retention: float, corpus: Corpus = Corpus(), seq_len: int = 256,
+             eval_tokens: int = 4096) -> GateResult:
     if not 0 < min_retention <= 1:
         raise ValueError(f"--min-retention must be in (0, 1], got {min_retention}")
-    _, held_out_texts = split_texts(text_files(text), heldout_every)
+    _, held_out_texts = corpus_texts(corpus)
     ids = token_windows(held_out_texts, AutoTokenizer.from_pretrained(parent), seq_len, eval_tokens)
     if ids.numel() == 0:
-        raise ValueError(f"text {text}: its held-out works give no {seq_len}-token window")
+        raise ValueError(f"{corpus.heldout_source()} gives no {seq_len}-token window")
     parent_model, child_model = LazyDecoder(parent, quantized_ok=True), LazyDecoder(child, quantized_ok=True)
     if child_model.arch.vocab_size != parent_model.arch.vocab_size:
         raise ValueError(f"{child}: vocabulary of {child_model.arch.vocab_size} tokens, the parent {parent} has "

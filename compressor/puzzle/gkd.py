@@ -15,7 +15,8 @@ Memory per rank is bounded by sharding, not by the model's size:
 - each step's batch (`gkd.batch`, rounded up to a whole number of sequences per rank) is split across the
   ranks, and the loss is scaled so the gradients FSDP averages are those of the whole batch: one process and
   several give the same child.
-The trained child is written layer by layer (each layer gathered whole, written by rank 0).
+The trained child is written layer by layer (each layer gathered whole, written by rank 0). Training saves a
+sharded, resumable checkpoint every `checkpointMinutes` (`resume.Checkpoints`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.footprint import WORKING_SHARE, teacher_is_sharded
 from tailor.compressor.puzzle.plan import Training
+from tailor.compressor.puzzle.resume import Checkpoints, RunKey, child_digest
+
+CHECKPOINT_FOLDER = "gkd-checkpoint"  # beside the trained child: stages/round{r}/gkd-checkpoint/
 
 
 class ShardedTeacher:
@@ -47,6 +51,9 @@ class ShardedTeacher:
         self.model = sharded_model(parent.folder, parent.device, parent.dtype).eval()
         for param in self.model.parameters():
             param.requires_grad_(False)
+
+    def skip(self, steps: int) -> None:
+        """Resuming after `steps` steps: nothing to skip, each step's targets are computed then."""
 
     @torch.no_grad()
     def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -63,13 +70,18 @@ class StreamedTeacher:
                  progress: Progress) -> None:
         self.parent, self.batches, self.train, self.per_pass, self.progress = parent, batches, train, per_pass, progress
         self.head = parent.head()
-        self.step = 0
+        self.step = self.until = 0  # the next step, and the first step the streamed states do not cover
         self.index: dict[int, int] = {}
         self.states: list[torch.Tensor] = []
 
+    def skip(self, steps: int) -> None:
+        """Resuming after `steps` steps: the next pass streams from there."""
+        self.step = self.until = steps
+
     def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        if self.step % self.per_pass == 0:
-            self._stream(torch.unique(torch.cat(self.batches[self.step:self.step + self.per_pass])))
+        if self.step >= self.until:
+            self.until = self.step + self.per_pass
+            self._stream(torch.unique(torch.cat(self.batches[self.step:self.until])))
         self.step += 1
         positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
         states = [state[positions] for state in self.states]
@@ -138,9 +150,11 @@ def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tenso
 
 
 def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: Path, train: torch.Tensor,
-            budget: Training, seed: int, progress: Progress, budget_bytes: float | None = None) -> list[float]:
+            budget: Training, seed: int, progress: Progress, budget_bytes: float | None = None,
+            checkpoint_seconds: float = 1800.0) -> list[float]:
     """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step. `budget_bytes`:
-    the memory per rank the teacher's states may take a quarter of."""
+    the memory per rank the teacher's states may take a quarter of. Every `checkpoint_seconds` the training
+    state is saved beside `out` (`resume.Checkpoints`), and a run of the same GKD resumes from it."""
     rank, world = parallel.rank_world()
     per_step = -(-budget.batch // world) * world  # gkd.batch, rounded up to a whole number of rows per rank
     steps = max(1, math.ceil(budget.tokens / (per_step * train.shape[1])))
@@ -163,11 +177,16 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    key = RunKey(child=child_digest(child_folder), steps=steps, rows_per_step=per_step, world=world, seed=seed,
+                 lr=budget.lr)
+    checkpoints = Checkpoints(out.with_name(CHECKPOINT_FOLDER), key, checkpoint_seconds, child, optimiser, schedule,
+                              progress)
+    done, losses = checkpoints.resume()
+    teacher.skip(done)
     autocast = torch.autocast(parent.device.type, dtype=torch.bfloat16)
     child.train()
-    losses: list[float] = []
     started = time.monotonic()
-    for step, rows in enumerate(mine, 1):
+    for step, rows in enumerate(mine[done:], done + 1):
         states, logits = teacher.targets(rows, train[rows])
         with autocast:
             loss = gkd_loss(child, train[rows], states, logits, world / per_step)
@@ -181,11 +200,13 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
             dist.all_reduce(total)
         losses.append(float(total))
         if step % 5 == 0 or step == steps:
-            eta = (time.monotonic() - started) / step * (steps - step)
+            eta = (time.monotonic() - started) / (step - done) * (steps - step)
             progress(f"gkd: step {step}/{steps}, {step * per_step * train.shape[1]} tokens, "
                      f"loss {losses[-1]:.4f}, eta {eta:.0f}s")
-    del teacher, optimiser
+        checkpoints.after_step(step, losses)
+    del teacher, optimiser, checkpoints
     _write(child, out, parent_folder, child_folder)
+    Checkpoints.clear(out.with_name(CHECKPOINT_FOLDER))
     return losses
 
 

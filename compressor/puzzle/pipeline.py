@@ -8,6 +8,7 @@
     out/stages/round{r}/costs.json    4. cost of every variant on the target
     out/stages/round{r}/search.json   5. the MIP's solutions
     out/stages/round{r}/assembled/    6. the assembled child
+    out/stages/round{r}/gkd-checkpoint/  7a. GKD's sharded training state (torch.distributed.checkpoint), while it runs
     out/stages/round{r}/child/        7. the child after GKD (input of round r+1)
     out/child/, out/pareto.{json,png}, out/report.{json,md}   written last; report.json marks a finished run
 
@@ -352,7 +353,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
         with log.stage(f"round{number}.gkd"):
             losses = gkd.distill(folder / "assembled", finished, parent, parent_dir, splits.train, budget,
-                                 plan.seed + number, log, rank_budget(plan, device))
+                                 plan.seed + number, log, rank_budget(plan, device), 60 * plan.checkpoint_minutes)
         if parallel.is_main():
             summary_model = RoundSummary(
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",

