@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from tailor.compressor.buildplan import BuildPlan, Stage
+from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.results import StageResult, write_result
+
+CORPUS_FLAGS = ("text", "heldout", "text_field", "heldout_every")
 
 
 def write_results(result: StageResult, result_file: Path | None, plan: BuildPlan | None, stage: Stage) -> None:
@@ -24,6 +27,29 @@ def needs(args: object, *flags: str) -> None:
     missing = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"{', '.join(missing)} required without --plan")
+
+
+def add_corpus_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("text", "what calibration and evaluation read, by the rule `tailor compress` "
+                                              "follows (its plan's data); with --plan, the plan's")
+    group.add_argument("--text", help="training text: shakespeare (default), a folder of .txt and .jsonl files, "
+                                      "or one such file")
+    group.add_argument("--heldout", help="held-out text (the same forms), e.g. another domain; default: every "
+                                         "--heldout-every-th document of --text")
+    group.add_argument("--text-field", help="the field of each JSONL object holding its text (default: text)")
+    group.add_argument("--heldout-every", type=int, help="without --heldout: every n-th document is held out "
+                                                         "(default 8)")
+
+
+def corpus(args: argparse.Namespace, plan: BuildPlan | None) -> Corpus:
+    """The text a stage reads: the build plan's data (what compression trained and scored on), else the flags."""
+    given = {flag: getattr(args, flag) for flag in CORPUS_FLAGS if getattr(args, flag) is not None}
+    if plan is None:
+        return Corpus(**given)
+    if given:
+        raise ValueError(f"{', '.join('--' + flag.replace('_', '-') for flag in given)}: with --plan the text is "
+                         "the plan's data")
+    return plan.puzzle.data
 
 
 def _result(args: argparse.Namespace) -> int:

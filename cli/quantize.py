@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   tailor quantize --model runs/smollm2/child --out runs/smollm2/child-nvfp4 --gpu B200    # auto: NVFP4
   tailor quantize --model DIR --out DIR --format nvfp4-w4a16 --parent PARENT_DIR --json
   tailor quantize --model DIR --out DIR --gpu H100 --kv-cache fp8                 # FP8 weights and KV cache
+  tailor quantize --model DIR --out DIR --gpu H100 --text corpus/ --heldout eval.jsonl   # your own text
 
 The folder appears only when complete: weights, config.json with quantization_config,
 hf_quant_config.json, the tokenizer and quantization.json (the report). NVFP4 layers are evaluated on CPU
@@ -22,7 +23,7 @@ by computing from the exported packed weights (`tailor.compressor.quantize.nvfp4
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from tailor.cli.plans import needs, write_results
+    from tailor.cli.plans import corpus, needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.hardware import GpuCatalog, GpuProfile
     from tailor.compressor.puzzle.pipeline import resolve_parent
@@ -30,6 +31,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from tailor.compressor.quantize.recipes import QuantFormat
 
     plan = BuildPlan.load(args.plan) if args.plan else None
+    text = corpus(args, plan)
     gpu: GpuProfile | None
     if plan is not None:
         if plan.quantize is None:
@@ -37,13 +39,13 @@ def _quantize(args: argparse.Namespace) -> int:
         gpu = plan.catalog().get(plan.target_gpu)
         job = QuantizeJob(model=Path(plan.layout.child), out=Path(plan.layout.quantized),
                           format=QuantFormat(plan.quantize.format), kv_cache=plan.kv_cache_dtype,
-                          parent=resolve_parent(plan.parent), text=args.text,
+                          parent=resolve_parent(plan.parent), corpus=text,
                           calibration_tokens=plan.quantize.calibration_tokens, eval_tokens=plan.quantize.eval_tokens)
     else:
         needs(args, "model", "out")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
         job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
-                          parent=resolve_parent(args.parent) if args.parent else None, text=args.text,
+                          parent=resolve_parent(args.parent) if args.parent else None, corpus=text,
                           calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
     report = run(job, gpu)
     write_results(report.result(), args.result_file, plan, "quantize")
@@ -66,7 +68,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from tailor.cli.plans import needs, write_results
+    from tailor.cli.plans import corpus, needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.evaluation import evaluate
     from tailor.compressor.puzzle.pipeline import resolve_parent
@@ -78,7 +80,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         needs(args, "model", "parent")
         model, parent, min_retention, eval_tokens = args.model, args.parent, args.min_retention, args.eval_tokens
-    result = evaluate(resolve_parent(model), resolve_parent(parent), min_retention, args.text,
+    result = evaluate(resolve_parent(model), resolve_parent(parent), min_retention, corpus(args, plan),
                       eval_tokens=eval_tokens)
     write_results(result, args.result_file, plan, "evaluate")
     print(result.model_dump_json(indent=2))
@@ -88,13 +90,15 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def add_parser(nouns: Any) -> None:
+    from tailor.cli.plans import add_corpus_flags
     from tailor.compressor.memory import KvDtype
     from tailor.compressor.quantize.recipes import QuantFormat
 
     parser = nouns.add_parser("quantize", help="quantize a model (NVFP4, FP8) with modelopt and export it",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read); it sets the "
-                                                  "model, output, format, KV cache, GPU, parent and token budgets")
+                                                  "model, output, format, KV cache, GPU, parent, text and token "
+                                                  "budgets")
     parser.add_argument("--model", help="model folder, or smollm2-135m / tiny-nemotron-h")
     parser.add_argument("--out", type=Path, help="the quantized checkpoint folder to write")
     parser.add_argument("--format", type=QuantFormat, choices=list(QuantFormat), default=QuantFormat.AUTO,
@@ -104,9 +108,9 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--gpu", help="target GPU profile (e.g. H100, B200); needed by --format auto")
     parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")
     parser.add_argument("--parent", help="the parent's folder, to report KL to it too")
-    parser.add_argument("--text", default="shakespeare", help="calibration/evaluation text (default: shakespeare)")
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     parser.add_argument("--eval-tokens", type=int, default=4096)
+    add_corpus_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--result-file", type=Path, help="also write a short JSON result here (a Job's "
                                                          "termination log)")
@@ -121,11 +125,11 @@ def add_parser(nouns: Any) -> None:
 
     gate = nouns.add_parser("evaluate", help="the quality gate: a child's next-token accuracy against its parent's")
     gate.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read): model, parent, "
-                                                "floor and tokens from it")
+                                                "floor, text and tokens from it")
     gate.add_argument("--model", help="the child (a Puzzle child, quantized or not)")
     gate.add_argument("--parent", help="the parent folder, or smollm2-135m / tiny-nemotron-h")
     gate.add_argument("--min-retention", type=float, default=0.97, help="share of the parent's accuracy to keep")
-    gate.add_argument("--text", default="shakespeare", help="held-out text source (as in tailor compress)")
     gate.add_argument("--eval-tokens", type=int, default=4096)
+    add_corpus_flags(gate)
     gate.add_argument("--result-file", type=Path, help="also write the JSON result here (a Job's termination log)")
     gate.set_defaults(run=_evaluate)

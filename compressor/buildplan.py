@@ -33,6 +33,7 @@ PLAN_FILE = "plan.yaml"
 ARTIFACTS_MOUNT = "/artifacts"  # the claim, in stage pods
 MODELS_MOUNT = "/models"  # the claim, read-only, in Triton pods
 SOURCE_MOUNT = "/source"  # a pvc:// parent's claim, read-only, in stage pods
+DATA_MOUNT = "/data"  # the claim of spec.compression.data, read-only, in the build stages' pods
 PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
 REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
 MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs), whatever memory allows

@@ -1,10 +1,10 @@
 """The quality gate: a compressed (and quantized) child against its parent on held-out text.
 
-Quality is top-1 next-token accuracy on the held-out text (the corpus's held-out source, or its whole
-held-out documents, never trained on: the same rule as `tailor compress`); retention is the child's accuracy over the parent's, compared with the floor the
-CompressedModel sets. Perplexities and KL(parent || child) are reported beside it. Both models, quantized
-exports included, are streamed a layer at a time, never held whole. The result is small
-JSON, so a Job can hand it to the operator as its termination message (at most 4096 bytes).
+Quality is top-1 next-token accuracy on the held-out text (the corpus's held-out source, or its held-out
+documents, never trained on: the same rule as `tailor compress`); retention is the child's accuracy over the
+parent's, compared with the floor the CompressedModel sets. Perplexities and KL(parent || child) are reported
+beside it. Both models, quantized exports included, are streamed a layer at a time, never held whole. The result
+is small JSON, so a Job can hand it to the operator as its termination message (at most 4096 bytes).
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ def _compare(child: LazyDecoder, parent: LazyDecoder, ids: torch.Tensor) -> dict
             "child_perplexity": math.exp(totals["child_loss"] / rows), "kl_to_parent": totals["kl"] / rows}
 
 
-def evaluate(child: Path, parent: Path, min_retention: float, corpus: Corpus = Corpus(), seq_len: int = 256,
+def evaluate(child: Path, parent: Path, min_retention: float, corpus: Corpus | None = None, seq_len: int = 256,
              eval_tokens: int = 4096) -> GateResult:
+    """The gate on `corpus`'s held-out text (default: the built-in Shakespeare's held-out works)."""
+    corpus = corpus or Corpus()
     if not 0 < min_retention <= 1:
         raise ValueError(f"--min-retention must be in (0, 1], got {min_retention}")
     _, held_out_texts = corpus_texts(corpus)

@@ -16,7 +16,7 @@ from enum import StrEnum
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from tailor.compressor import hardware
@@ -126,6 +126,48 @@ class SourceSpec(ApiModel):
         return self
 
 
+INSIDE_THE_CLAIM = cel("!self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')",
+                       "must be a path inside the claim: relative, without '..'")
+
+
+def _inside_the_claim(path: str) -> str:
+    if path.startswith("/") or ".." in path.split("/"):
+        raise ValueError(INSIDE_THE_CLAIM["message"])
+    return path
+
+
+ClaimPath = Annotated[str, Field(min_length=1, max_length=1024, json_schema_extra=cel_rules(INSIDE_THE_CLAIM)),
+                      AfterValidator(_inside_the_claim)]
+ONE_HELD_OUT_RULE = cel("!(has(self.heldOutPath) && has(self.heldOutEvery))",
+                        "heldOutEvery applies without heldOutPath: set one of them", ".heldOutEvery")
+
+
+class DataSpec(ApiModel):
+    """Text on a PersistentVolumeClaim of this namespace, mounted read-only into the compression, quantization and
+    evaluation Jobs: compression distils on the training text; scoring, the reports and the quality gate are
+    measured on the held-out text, never trained on."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(ONE_HELD_OUT_RULE))
+
+    claim_name: DnsLabel = Field(description="The PersistentVolumeClaim holding the text.")
+    path: ClaimPath = Field(description="The training text in the claim: a folder of .txt and .jsonl files, or one "
+                            "such file. Each .txt file is a document, and each line of a .jsonl file (a JSON object).")
+    held_out_path: ClaimPath | None = Field(
+        default=None, description="Held-out text in the same claim (the same forms), e.g. another domain; all of "
+        "path is then trained on. Unset: every heldOutEvery-th document of path is held out.")
+    text_field: str = Field(default="text", min_length=1, max_length=256,
+                            description="The field of each JSONL object holding its text.")
+    held_out_every: int | None = Field(
+        default=None, ge=2, le=1000, description="Without heldOutPath: every n-th document of path (in file name "
+        "order) is held out; of a single .txt file, its last 1/n of lines. Default 8.")
+
+    @model_validator(mode="after")
+    def _one_held_out_rule(self) -> DataSpec:
+        if self.held_out_path is not None and self.held_out_every is not None:
+            raise ValueError(ONE_HELD_OUT_RULE["message"])
+        return self
+
+
 class DistillationSpec(ApiModel):
     """Token budgets for the two distillation phases of Puzzle."""
 
@@ -183,6 +225,8 @@ class CompressionSpec(ApiModel):
         "later does not rebuild; setting batch does.")
     rounds: int = Field(default=3, ge=1, le=10, description="Rounds of Iterative Puzzle (1 is one-shot Puzzle).")
     distillation: DistillationSpec = Field(default_factory=DistillationSpec, json_schema_extra={"default": {}})
+    data: DataSpec | None = Field(default=None, description="The distillation and evaluation text. Unset: the "
+                                  "built-in Shakespeare works, a demo default.")
     min_quality_retention: float = Field(
         default=0.97, gt=0, le=1,
         description="Share of the parent's quality the child must keep to pass the quality gate.")

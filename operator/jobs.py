@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, SOURCE_MOUNT, Stage
+from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
 from tailor.operator import names
 from tailor.operator.deployment import GPU_TAINT_TOLERATION, POD_SECURITY, RESTRICTED, owner_reference, scaled
 from tailor.operator.pools import GPU_RESOURCE
@@ -67,11 +67,12 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings, gpu_product: str | None,
               claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
-              source_claim: str | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
+              claims: dict[str, str] | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
               reader: bool = False) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
-    generation `generation`; a pvc:// source's claim is mounted read-only at /source. `gpu_product` None
-    runs on any node. A `reader` Job hands back the stage's result from the claim (`tailor result`)."""
+    generation `generation`; `claims` are mounted read-only, by mount path (a pvc:// source's at /source, the
+    data's at /data). `gpu_product` None runs on any node. A `reader` Job hands back the stage's result from the
+    claim (`tailor result`)."""
     name = names.job_name(model["metadata"]["name"], generation, stage, pool)
     if reader:
         name = names.reader_name(name)
@@ -83,9 +84,10 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
               {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
                                      {"name": "plan", "configMap": {"name": plan_config_map}}]
-    if source_claim is not None:
-        mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
-        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source_claim, "readOnly": True}})
+    for mount_path, claim_name in (claims or {}).items():
+        volume = mount_path.strip("/")
+        mounts.append({"name": volume, "mountPath": mount_path, "readOnly": True})
+        volumes.append({"name": volume, "persistentVolumeClaim": {"claimName": claim_name, "readOnly": True}})
     if gpus > 1:
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tailor.compressor.buildplan import (
+    DATA_MOUNT,
     SOURCE_MOUNT,
     ArtifactLayout,
     BuildPlan,
@@ -32,7 +34,9 @@ from tailor.operator.pools import gpu_ask
 BUILD_FIELDS = ("source", "compression", "quantization")
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
 # Plan fields the operator derives from the spec: planOverrides may not change them.
-DECIDED = {"parent": "spec.source", "data.text": "the operator", "target.gpu": "spec.compression.targetGPU",
+DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
+           "data.heldout": "spec.compression.data.heldOutPath", "data.textField": "spec.compression.data.textField",
+           "data.heldoutEvery": "spec.compression.data.heldOutEvery", "target.gpu": "spec.compression.targetGPU",
            "target.precision": "spec.quantization.precision",
            "target.kvDtype": "spec.quantization.kvCacheDtype",
            "target.batch": "spec.compression.batch or spec.deployment.pools",
@@ -58,6 +62,8 @@ def quantity_bytes(quantity: str) -> float:
 def fingerprint(spec: CompressedModelSpec) -> str:
     """What the artifacts depend on: equal fingerprints mean a generation can reuse another's build."""
     fields = spec.model_dump(mode="json", by_alias=True, include=set(BUILD_FIELDS))
+    if spec.compression.data is None:  # the built-in text, as before the field was added: no rebuild on upgrade
+        del fields["compression"]["data"]
     fields["image"] = spec.jobs.image
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -69,6 +75,33 @@ def parent_location(spec: CompressedModelSpec) -> tuple[str, str | None]:
         claim, _, path = uri.removeprefix("pvc://").partition("/")
         return f"{SOURCE_MOUNT}/{path}", claim
     return uri if spec.source.revision == "main" else f"{uri}@{spec.source.revision}", None
+
+
+def mounted_claims(spec: CompressedModelSpec, data: bool) -> dict[str, str]:
+    """The claims a stage's pods mount read-only, by mount path: a pvc:// source's, and with `data` (the build
+    stages) spec.compression.data's."""
+    claims = {SOURCE_MOUNT: claim} if (claim := parent_location(spec)[1]) is not None else {}
+    if data and spec.compression.data is not None:
+        claims[DATA_MOUNT] = spec.compression.data.claim_name
+    return claims
+
+
+def plan_data(spec: CompressedModelSpec) -> dict[str, Any]:
+    """The plan's data fields from spec.compression.data, its paths where the stage pods mount its claim; {} for
+    the built-in text."""
+    data = spec.compression.data
+    if data is None:
+        return {}
+
+    def in_pod(path: str) -> str:
+        return posixpath.normpath(f"{DATA_MOUNT}/{path}")
+
+    fields: dict[str, Any] = {"text": in_pod(data.path), "textField": data.text_field}
+    if data.held_out_path is not None:
+        fields["heldout"] = in_pod(data.held_out_path)
+    if data.held_out_every is not None:
+        fields["heldoutEvery"] = data.held_out_every
+    return fields
 
 
 def _paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -149,7 +182,7 @@ def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision
         return {"tokens": tokens, "lr": default.lr, "batch": default.batch}
 
     defaults = Plan.model_fields
-    plan = {"parent": parent_location(spec)[0], "target": target, "rounds": c.rounds,
+    plan = {"parent": parent_location(spec)[0], "data": plan_data(spec), "target": target, "rounds": c.rounds,
             "bld": training(defaults["bld"].default, c.distillation.blockwise_tokens),
             "gkd": training(defaults["gkd"].default, c.distillation.global_tokens)}
     try:

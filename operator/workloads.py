@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.buildplan import BUILD_STAGES, PLAN_FILE, BuildPlan, Stage
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason
 from tailor.operator.decision import Pass, Refused, owned_by
 from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.observe import job_finished
-from tailor.operator.resolve import parent_location
+from tailor.operator.resolve import mounted_claims
 from tailor.operator.settings import ALLOWED_LABEL
 
 
@@ -91,7 +91,8 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
     for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
-                              jobs.pod_annotations, parent_location(spec)[1], pool, env, reader):
+                              jobs.pod_annotations, mounted_claims(spec, stage in BUILD_STAGES and not reader), pool,
+                              env, reader):
         p.create(manifest)
     name = names.job_name(p.name, generation, stage, pool)
     p.event("JobCreated", f"created Job {names.reader_name(name)}: tailor result --stage {stage}" if reader

@@ -64,6 +64,11 @@ def _spec(**parts: Any) -> dict[str, Any]:
     return {"spec": parts}
 
 
+def _data(**fields: Any) -> dict[str, Any]:
+    """spec.compression.data: text on a claim, with `fields` changed."""
+    return _spec(compression={"data": {"claimName": "corpora", "path": "train", **fields}})
+
+
 POOL = BASE["spec"]["deployment"]["pools"][0]
 
 VALID = [
@@ -82,6 +87,10 @@ VALID = [
     Case("total-concurrency", _spec(deployment={"pools": [{**POOL, "concurrency": {"total": 100}}]})),
     Case("existing-claim", _spec(storage={"existingClaim": "artifacts"})),
     Case("retention-one", _spec(compression={"minQualityRetention": 1})),
+    Case("text-on-a-claim", _spec(compression={"data": {"claimName": "corpora", "path": "legal/train",
+                                                        "heldOutPath": "legal/eval.jsonl", "textField": "body"}})),
+    Case("text-held-out-every", _spec(compression={"data": {"claimName": "corpora", "path": "./train.jsonl",
+                                                            "heldOutEvery": 4}})),
 ]
 
 INVALID = [
@@ -130,6 +139,12 @@ INVALID = [
          "spec.storage.existingClaim"),
     Case("unknown-field", _spec(compresion={"targetGPU": "H100-80GB"}), "spec.compresion"),
     Case("s3-source", _spec(source={"uri": "s3://bucket/model"}), "spec.source.uri"),
+    # the text's paths stay inside its claim
+    Case("data-absolute-path", _data(path="/etc"), "spec.compression.data.path"),
+    Case("data-path-leaves-the-claim", _data(path="train/../../other"), "spec.compression.data.path"),
+    Case("data-held-out-leaves-the-claim", _data(heldOutPath=".."), "spec.compression.data.heldOutPath"),
+    Case("data-two-held-out-rules", _data(heldOutPath="eval", heldOutEvery=4), "spec.compression.data.heldOutEvery"),
+    Case("data-without-a-claim", _data(claimName=DELETE), "spec.compression.data.claimName"),
     # derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters
     Case("name-starts-with-a-digit", {"metadata": {"name": "1model"}}, "metadata.name"),
     Case("name-with-a-dot", {"metadata": {"name": "model.v2"}}, "metadata.name"),

@@ -32,6 +32,15 @@ def test_invalid_objects_are_rejected(case: Any) -> None:
         CompressedModel.model_validate(case.body)
 
 
+@pytest.mark.parametrize("case", [c for c in INVALID if c.name.startswith("data-")], ids=lambda c: c.name)
+def test_bad_text_on_a_claim_is_refused_naming_the_field(case: Any) -> None:
+    with pytest.raises(ValidationError) as raised:
+        CompressedModel.model_validate(case.body)
+    (error,) = raised.value.errors()
+    where, field = ".".join(str(part) for part in error["loc"]), case.field.rsplit(".", 1)
+    assert where == case.field or (where == field[0] and field[1] in error["msg"]), (where, error["msg"])
+
+
 def test_defaults_fill_in() -> None:
     spec = CompressedModel.model_validate(VALID[0].body).spec
     assert spec.quantization.precision == "auto"

@@ -243,6 +243,29 @@ def test_the_build_is_planned_at_the_most_a_pool_asks_of_each_gpu_and_says_so(ku
     assert kube.status("m")["build"]["batchSource"] == "spec.compression.batch"
 
 
+def test_the_text_on_a_claim_is_what_every_build_stage_reads_and_new_text_rebuilds(kube: FakeKube) -> None:
+    body = manifest()
+    body["spec"]["compression"]["data"] = {"claimName": "corpora", "path": "legal/train", "heldOutPath":
+                                           "legal/eval.jsonl", "textField": "body"}
+    kube.apply(body)
+    drive(kube, "Ready")
+    data = plan_of(kube, "m-g1-plan").puzzle.data  # what compress, quantize and evaluate read (--plan)
+    assert (data.text, data.heldout, data.text_field) == ("/data/legal/train", "/data/legal/eval.jsonl", "body")
+    for job in kube.names("Job"):
+        pod = kube.obj("Job", job)["spec"]["template"]["spec"]
+        mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "data"]
+        claims = [v["persistentVolumeClaim"] for v in pod["volumes"] if v["name"] == "data"]
+        if "package" in job:  # a package Job reads the child, not the text
+            assert mounts == claims == [], job
+        else:
+            assert mounts == [{"name": "data", "mountPath": "/data", "readOnly": True}], job
+            assert claims == [{"claimName": "corpora", "readOnly": True}], job
+    kube.update_spec("m", {"compression": {"data": {"heldOutPath": "medical/eval.jsonl"}}})  # new text: a new build
+    step(kube)
+    assert kube.status("m")["build"]["generation"] == 2
+    assert plan_of(kube, "m-g2-plan").puzzle.data.heldout == "/data/medical/eval.jsonl"
+
+
 def test_without_nodes_to_ask_the_build_is_planned_at_batch_1_with_a_warning() -> None:
     kube = FakeKube(nodes=[])  # the GPU pools are scaled to zero while the build is planned
     kube.apply(manifest())
@@ -347,7 +370,8 @@ def test_a_job_that_succeeded_without_a_result_fails_with_no_result(kube: FakeKu
     ({"rounds": 1000000}, "planOverrides.rounds is set from spec.compression.rounds"),
     ({"bld": {"tokens": 10**15}}, "planOverrides.bld.tokens is set from"),
     ({"parent": "/etc"}, "planOverrides.parent is set from spec.source"),
-    ({"data": {"text": "/var/run/secrets"}}, "planOverrides.data.text is set from the operator"),
+    ({"data": {"text": "/var/run/secrets"}}, "planOverrides.data.text is set from spec.compression.data.path"),
+    ({"data": {"heldout": "/etc"}}, "planOverrides.data.heldout is set from spec.compression.data.heldOutPath"),
     ({"solutions": 10**6}, "solutions: Input should be less than or equal to 16"),
     ({"library": {"ffnWidths": [0.5] * 100}}, "library.ffnWidths"),
     ({"library": {"ffnWidth": [0.5]}}, "library.ffnWidth"),

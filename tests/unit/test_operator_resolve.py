@@ -12,7 +12,7 @@ import yaml
 
 from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.puzzle.plan import Target
+from tailor.compressor.puzzle.plan import Corpus, Target
 from tailor.compressor.results import TERMINATION_MESSAGE_BYTES, CompressResult, pack_config, unpack_config
 from tailor.operator.api import CompressedModel, CompressedModelSpec
 from tailor.operator.resolve import InvalidPlan, TargetBatch, compression_plan, fingerprint, resolve, target_batch
@@ -141,6 +141,47 @@ def test_the_layout_and_what_changes_the_build() -> None:
     base = fingerprint(spec)
     assert fingerprint(example().spec.model_copy(update={"deployment": None})) == base
     assert fingerprint(example(rounds=2).spec) != base
+
+
+DATA = {"claimName": "corpora", "path": "legal/train/"}
+
+
+def test_the_text_on_a_claim_becomes_the_plans_data_as_the_pods_see_it() -> None:
+    plan = resolve(example(data={**DATA, "heldOutPath": "./legal/eval.jsonl", "textField": "body"}).spec, OWNER, 1,
+                   CATALOG, 1)
+    assert plan.puzzle.data.model_dump(by_alias=True) == {
+        "text": "/data/legal/train", "heldout": "/data/legal/eval.jsonl", "textField": "body", "heldoutEvery": 8,
+        "seqLen": 128}
+    every = resolve(example(data={**DATA, "heldOutEvery": 4}).spec, OWNER, 1, CATALOG, 1).puzzle.data
+    assert (every.heldout, every.heldout_every, every.text_field) == (None, 4, "text")
+    assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "shakespeare"  # the demo default
+
+
+def test_quantize_and_the_gate_read_the_text_of_the_plan_or_of_their_flags() -> None:
+    from tailor.cli.main import build_parser
+    from tailor.cli.plans import corpus
+
+    plan = resolve(example(data={**DATA, "heldOutPath": "legal/eval"}).spec, OWNER, 1, CATALOG, 1)
+    for stage in ("quantize", "evaluate"):
+        assert corpus(build_parser().parse_args([stage, "--plan", "p.yaml"]), plan) == plan.puzzle.data
+        with pytest.raises(ValueError, match="--heldout, --text-field: with --plan the text is the plan's data"):
+            corpus(build_parser().parse_args([stage, "--plan", "p.yaml", "--heldout", "h", "--text-field", "b"]),
+                   plan)
+        flags = build_parser().parse_args([stage, "--text", "t", "--heldout", "h", "--text-field", "body"])
+        assert corpus(flags, None) == Corpus(text="t", heldout="h", text_field="body")
+        assert corpus(build_parser().parse_args([stage]), None) == Corpus()  # shakespeare, every 8th work
+
+
+def test_new_text_is_a_new_build_and_no_text_keeps_the_fingerprint_of_before() -> None:
+    plain = CompressedModelSpec.model_validate({"source": {"uri": "hf://org/parent"},
+                                                "compression": {"targetGPU": "H100-80GB", "throughputFactor": 2}})
+    assert fingerprint(plain) == "e0169449a90c649a"  # as before spec.compression.data existed: no rebuilds
+    base = fingerprint(example().spec)
+    with_data = fingerprint(example(data=DATA).spec)
+    assert with_data != base
+    assert fingerprint(example(data={**DATA, "path": "legal/train-v2"}).spec) != with_data
+    assert fingerprint(example(data={**DATA, "heldOutPath": "legal/eval"}).spec) != with_data
+    assert fingerprint(example(data={**DATA, "claimName": "corpora-v2"}).spec) != with_data
 
 
 def test_the_75b_child_config_fits_a_termination_message() -> None:

@@ -11,6 +11,7 @@ import torch
 from tailor.cli.main import main
 from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
 from tailor.compressor.evaluation import evaluate
+from tailor.compressor.puzzle.plan import Corpus
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,20 @@ def test_bad_floors_untrained_parents_and_missing_text_are_refused(tiny_parent: 
         evaluate(tiny_parent, tiny_parent, 0.9, seq_len=64, eval_tokens=512)  # random weights
     assert main(["evaluate", "--model", str(tiny_hybrid), "--parent", str(tiny_hybrid), "--text",
                  "/nowhere/at/all"]) == 1
+
+
+def test_the_gate_evaluates_on_the_stated_held_out_text(tiny_hybrid: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    text = "But soft, what light through yonder window breaks? " * 40
+    heldout = tmp_path / "eval.jsonl"
+    heldout.write_text(json.dumps({"body": text}) + "\n")
+    tokens = len(AutoTokenizer.from_pretrained(tiny_hybrid)(text)["input_ids"])
+    assert 256 <= tokens < 512  # fewer than the 512 asked for: only this file is read
+    result = evaluate(tiny_hybrid, tiny_hybrid, 0.97, Corpus(heldout=str(heldout), text_field="body"), seq_len=64,
+                      eval_tokens=512)
+    assert result.tokens == tokens // 64 * 64
+    out = tmp_path / "termination-log"
+    assert main(["evaluate", "--model", str(tiny_hybrid), "--parent", str(tiny_hybrid), "--heldout", str(heldout),
+                 "--text-field", "body", "--eval-tokens", "512", "--result-file", str(out)]) == 0
+    assert json.loads(out.read_text())["tokens"] == 256  # one window of the gate's 256 tokens

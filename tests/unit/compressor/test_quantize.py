@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from modelopt.torch.export import export_hf_checkpoint
 from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, NemotronHConfig, NemotronHForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, NemotronHConfig, NemotronHForCausalLM, PretrainedConfig
 
 from tailor.cli.main import main
 from tailor.compressor.architecture import architecture_from_config
@@ -25,6 +25,7 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.modeling import Decoder
+from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
@@ -276,16 +277,22 @@ def test_auto_picks_nvfp4_on_blackwell_and_fp8_on_hopper_and_ada() -> None:
 
 
 def test_tailor_quantize_writes_a_complete_folder_or_nothing(tiny_parent: Path, tmp_path: Path) -> None:
+    text = "Now is the winter of our discontent made glorious summer by this sun of York. " * 5
+    heldout = tmp_path / "other-domain.jsonl"
+    heldout.write_text(json.dumps({"text": text}) + "\n")
+    windows = len(AutoTokenizer.from_pretrained(tiny_parent)(text)["input_ids"]) // 32
+    assert 0 < windows < 4  # fewer than the 128 tokens asked for: only this file is evaluated on
     job = QuantizeJob(model=tiny_parent, out=tmp_path / "out", format=QuantFormat.FP8, seq_len=32,
-                      calibration_tokens=256, eval_tokens=128, parent=tiny_parent)
+                      calibration_tokens=256, eval_tokens=128, parent=tiny_parent, corpus=Corpus(heldout=str(heldout)))
     report = run(job, None)
+    assert (report.eval_tokens, report.calibration_tokens) == (32 * windows, 256)
     assert report.quant_algo == "FP8" and report.quantized_layers == 28 and report.repairs == []
     assert json.loads((tmp_path / "out" / REPORT_FILE).read_text())["recipe"] == "fp8"
     assert (tmp_path / "out" / "tokenizer.json").exists()
     assert report.unquantized.quality.kl == 0 and report.quantized.quality.kl > 0
     assert report.quantized.kl_to_parent == pytest.approx(report.quantized.quality.kl)
     assert report.bytes_after < report.bytes_before
-    broken = job.model_copy(update={"out": tmp_path / "broken", "text": str(tmp_path / "nowhere")})
+    broken = job.model_copy(update={"out": tmp_path / "broken", "corpus": Corpus(text=str(tmp_path / "nowhere"))})
     with pytest.raises(ValueError, match="nowhere"):
         run(broken, None)
     assert not list(tmp_path.glob("*broken*"))

@@ -1,14 +1,16 @@
-"""Text splits: whole works held out, clear errors for missing, empty or too-short text."""
+"""Text splits: whole documents held out, or a held-out source of its own; .txt and JSONL; clear errors for
+missing, malformed, empty or too-short text."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from tailor.compressor.puzzle.data import DataError, load_splits, split_texts, text_files
-from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.puzzle.data import DataError, corpus_texts, load_splits, split_texts, text_files
+from tailor.compressor.puzzle.plan import Corpus, Plan
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +18,13 @@ def tokenizer(smollm2: Path) -> object:
     return AutoTokenizer.from_pretrained(smollm2)
 
 
-def plan(text: str, **fields: object) -> Plan:
-    return Plan.model_validate({"target": {"throughput": 1.5}, "data": {"text": text, "seqLen": 32},
+def characters(text: str) -> dict[str, list[int]]:
+    """A tokenizer of one token per character: which text a token came from is plain to see."""
+    return {"input_ids": [ord(c) for c in text]}
+
+
+def plan(text: str, data: dict[str, object] | None = None, **fields: object) -> Plan:
+    return Plan.model_validate({"target": {"throughput": 1.5}, "data": {"text": text, "seqLen": 32, **(data or {})},
                                 "bld": {"tokens": 64, "lr": 1e-3, "batch": 2}, "gkd": {"tokens": 64, "lr": 1e-4,
                                                                                         "batch": 2},
                                 "scoringTokens": 64, "evalTokens": 64, **fields})
@@ -39,7 +46,7 @@ def test_a_missing_text_path_is_named(tokenizer: object, tmp_path: Path) -> None
 
 
 def test_an_empty_folder_is_an_error(tokenizer: object, tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"holds no \.txt files"):
+    with pytest.raises(DataError, match=r"data.text: .* holds no \.txt or \.jsonl files"):
         load_splits(plan(str(tmp_path)), tokenizer)
 
 
@@ -50,3 +57,57 @@ def test_too_short_text_says_what_it_needs(tokenizer: object, tmp_path: Path) ->
     (tmp_path / "b.txt").write_text("")
     with pytest.raises(DataError, match=r"gives 0 training tokens"):
         load_splits(plan(str(tmp_path / "b.txt")), tokenizer)
+
+
+def write_jsonl(path: Path, records: list[object]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records) + "\n")  # a trailing blank line
+    return path
+
+
+def test_a_folder_of_txt_and_jsonl_is_documents_every_nth_held_out(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("first work")
+    write_jsonl(tmp_path / "b.jsonl", [{"body": f"record {i}", "id": i} for i in range(5)])
+    (tmp_path / "notes.md").write_text("not text of the corpus")
+    files = text_files(str(tmp_path))
+    assert [f.name for f in files] == ["a.txt", "b.jsonl"]
+    train, heldout = corpus_texts(Corpus(text=str(tmp_path), text_field="body", heldout_every=3))
+    assert train == ["first work", "record 0", "record 2", "record 3"] and heldout == ["record 1", "record 4"]
+    assert split_texts(files, 3, "body") == (train, heldout)
+    one = write_jsonl(tmp_path / "one.jsonl", [{"text": "a"}, {"text": "b"}])  # a single JSONL file: by record
+    assert corpus_texts(Corpus(text=str(one), heldout_every=2)) == (["a"], ["b"])
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("{not json", r"line 2: not JSON \(.*\); expected one JSON object per line"),
+    ('["a list"]', r"line 2: expected a JSON object with a string field 'body'"),
+    ('{"text": "the default field, not the stated one"}', r"line 2: expected a JSON object with a string field 'body'"),
+    ('{"body": 3}', r"line 2: expected a JSON object with a string field 'body'"),
+])
+def test_a_bad_jsonl_line_is_named_with_its_file(tmp_path: Path, line: str, says: str) -> None:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"body": "fine"}) + "\n" + line + "\n")
+    with pytest.raises(DataError, match=rf"{path}[ ]{says}"):
+        corpus_texts(Corpus(text=str(path), text_field="body"))
+
+
+def test_a_held_out_source_is_scored_and_evaluated_on_and_never_trained_on(tmp_path: Path) -> None:
+    train_dir = tmp_path / "train"
+    train_dir.mkdir()
+    for name in ("a", "b", "c"):
+        (train_dir / f"{name}.txt").write_text("abc " * 200)
+    heldout = write_jsonl(tmp_path / "other-domain.jsonl", [{"text": "xyz " * 100}] * 3)
+    splits = load_splits(plan(str(train_dir), {"heldout": str(heldout)}), characters)
+    assert set(splits.train.unique().tolist()) == {ord(c) for c in "abc "}  # all three works, nothing held out
+    for held in (splits.scoring, splits.evaluation):
+        assert set(held.unique().tolist()) == {ord(c) for c in "xyz "}
+    with pytest.raises(DataError, match=r"data.heldout: .*other-domain.jsonl gives \d+ held-out tokens"):
+        load_splits(plan(str(train_dir), {"heldout": str(heldout)}, evalTokens=10**6), characters)
+
+
+def test_a_held_out_source_may_not_share_a_file_with_the_training_text(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("abc")
+    (tmp_path / "b.txt").write_text("xyz")
+    with pytest.raises(DataError, match=r"data.heldout: .*b.txt is in data.text too"):
+        corpus_texts(Corpus(text=str(tmp_path), heldout=str(tmp_path / "b.txt")))
+    with pytest.raises(DataError, match=r"data.heldout: .*nowhere is neither"):
+        corpus_texts(Corpus(text=str(tmp_path), heldout=str(tmp_path / "nowhere")))
