@@ -1,6 +1,6 @@
 """Compression in bounded memory per rank, measured: `tailor compress` under `torchrun --nproc-per-node 2` (gloo)
-on a randomly initialised Llama several times larger than the memory budget each rank is given, then
-`tailor quantize` (FP8) and `tailor evaluate` (the quality gate) on its child, one process each.
+on a randomly initialised Llama or NemotronH several times larger than the memory budget each rank is given,
+then `tailor quantize` (FP8) on its child, in a process of its own.
 
 Each rank's peak resident set (RSS, Linux VmHWM reset per stage) is recorded per stage by the pipeline itself
 (`out/memory.rank{r}.json`) and printed beside the budget and beside the dry run's prediction for the same plan
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,51 +27,78 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
+VOCAB = 49152  # SmolLM2's tokenizer
 
 
-def write_parent(folder: Path, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
-                 tokenizer: Path) -> int:
-    """A random Llama in BF16 (std 0.02 weights, unit norms), written one layer per shard, with `tokenizer`'s
-    files (SmolLM2's: 49,152 tokens); its parameter count."""
-    from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint
+def llama_config(hidden: int, layers: int, intermediate: int) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+            "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": hidden // 128,
+            "num_key_value_heads": max(1, hidden // 512), "vocab_size": VOCAB, "rms_norm_eps": 1e-5,
+            "rope_theta": 100000.0, "tie_word_embeddings": True, "max_position_embeddings": 8192,
+            "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
 
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-              "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv_heads, "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-              "tie_word_embeddings": True, "max_position_embeddings": 8192, "hidden_act": "silu",
-              "bos_token_id": 1, "eos_token_id": 2}
-    staging = folder.with_name(folder.name + ".config")
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / "config.json").write_text(json.dumps(config))
+
+def nemotron_h_config(hidden: int, layers: int, intermediate: int) -> dict[str, Any]:
+    """NemotronH's layout at a smaller size: Mamba-2 and latent-MoE layers alternating, one attention layer in
+    eight (Nemotron-3-Super's 88 layers hold 8), 16 routed experts of `intermediate` / 4, top-4."""
+    pattern = "".join("*" if i % 8 == 3 else "M" if i % 2 == 0 else "E" for i in range(layers))
+    return {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": VOCAB,
+            "hidden_size": hidden, "hybrid_override_pattern": pattern, "tie_word_embeddings": False,
+            "layer_norm_epsilon": 1e-5, "max_position_embeddings": 8192, "bos_token_id": 1, "eos_token_id": 2,
+            "num_attention_heads": hidden // 128, "num_key_value_heads": 2, "head_dim": 128,
+            "attention_bias": False, "mamba_num_heads": hidden // 32, "mamba_head_dim": 64, "n_groups": 8,
+            "ssm_state_size": 128, "conv_kernel": 4, "chunk_size": 128, "mamba_hidden_act": "silu",
+            "use_conv_bias": True, "use_bias": False, "time_step_min": 0.001, "time_step_max": 0.1,
+            "mamba_ssm_cache_dtype": "float32", "n_routed_experts": 16, "num_experts_per_tok": 4,
+            "moe_intermediate_size": intermediate // 4, "moe_shared_expert_intermediate_size": intermediate // 2,
+            "n_shared_experts": 1, "moe_latent_size": hidden // 2, "routed_scaling_factor": 1.0, "n_group": 1,
+            "topk_group": 1, "norm_topk_prob": True, "intermediate_size": intermediate, "mlp_hidden_act": "relu2",
+            "mlp_bias": False}
+
+
+FAMILIES = {"llama": llama_config, "nemotron-h": nemotron_h_config}
+
+
+def write_parent(folder: Path, config: dict[str, Any], tokenizer: Path) -> int:
+    """A random model of `config` in BF16 (std 0.02 matrices, unit norms), written one layer per shard, with
+    `tokenizer`'s files (SmolLM2's: 49,152 tokens); its parameter count."""
     from tailor.compressor.architecture import architecture_from_config
     from tailor.compressor.checkpoint import settings_from_config
+    from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint
     from tailor.compressor.modeling import Decoder
 
     arch = architecture_from_config(config, "bench parent")
     with torch.device("meta"):
         skeleton = Decoder(arch, settings_from_config(config, "bench parent"))
-    shapes = {name: tuple(t.shape) for name, t in skeleton.state_dict().items() if name != "lm_head.weight"}
+    tied = arch.tie_word_embeddings
+    shapes = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()
+              if not (tied and name == "lm_head.weight")}
     generator = torch.Generator().manual_seed(0)
 
     def tensor(name: str) -> torch.Tensor:
-        if name.endswith("norm.weight"):
+        if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
             return torch.ones(shapes[name], dtype=torch.bfloat16)
+        if name.endswith("e_score_correction_bias"):
+            return torch.zeros(shapes[name])
         return (torch.randn(shapes[name], generator=generator) * 0.02).to(torch.bfloat16)
 
-    groups = [[n for n in shapes if n.startswith(f"model.layers.{i}.")] for i in range(layers)]
-    groups.append([n for n in shapes if not n.startswith("model.layers.")])
+    layers = f"{skeleton.body}.layers."
+    groups = [[n for n in shapes if n.startswith(f"{layers}{i}.")] for i in range(len(arch.blocks))]
+    groups.append([n for n in shapes if not n.startswith(layers)])
     with sharded_checkpoint(folder, config, tokenizer, len(groups)) as writer:
         for names in groups:
-            writer.add({name: tensor(name) for name in names})
-    shutil.rmtree(staging)
+            writer.add({name: tensor(name) for name in names}, as_stored=True)
     LazyDecoder(folder)  # reads back: every tensor the config needs is there
     return arch.total_params
 
 
-def plan_for(parent: Path, budget_gib: float, params: float, device: str, text: str) -> dict[str, Any]:
+def plan_for(parent: Path, family: str, budget_gib: float, params: float, device: str, text: str) -> dict[str, Any]:
+    library = ({"ffnWidths": [0.5], "kvHeads": [], "noOp": True} if family == "llama" else
+               {"ffnWidths": [0.5], "mambaHeads": [0.5], "mambaHeadDims": [], "ssmStates": [0.75],
+                "expertWidths": [0.5], "expertsKept": [], "topK": [], "noOp": True})
     return {"parent": str(parent), "data": {"seqLen": 64, "text": text}, "device": device,
             "target": {"gpu": "cpu", "params": params, "context": 128, "costs": "roofline"},
-            "library": {"ffnWidths": [0.5], "kvHeads": [], "noOp": True},
+            "library": library,
             "bld": {"tokens": 512, "lr": 0.001, "batch": 4}, "bldActivationTokens": 512,
             "scoringTokens": 64, "evalTokens": 128, "gkd": {"tokens": 256, "lr": 0.0001, "batch": 4},
             "measureTokens": 4, "budgetGiB": budget_gib}
@@ -86,38 +112,22 @@ def predicted(plan: Path, ranks: int, budget_gib: float, gpu: str) -> dict[str, 
     return {need["stage"]: need["peak_bytes"] for need in json.loads(result.stdout)["stages"]}
 
 
-def run_measured(command: list[str]) -> int:
-    """Run `command` and return its peak resident set in bytes (the process's own, from wait4)."""
-    process = subprocess.Popen(command)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode:
-        raise subprocess.CalledProcessError(process.returncode, command)
-    return usage.ru_maxrss * 1024
-
-
-def after_compression(child: Path, parent: Path, work: Path, device: str) -> dict[str, dict[str, float]]:
-    """`tailor quantize` (FP8, KL to the parent too) and `tailor evaluate` (the gate) on the child, one process
-    each: the quantizer's own peaks per stage, and the gate's whole-process peak."""
-    cli = [sys.executable, "-m", "tailor.cli.main"]
+def quantize(child: Path, parent: Path, work: Path, device: str) -> dict[str, dict[str, float]]:
+    """`tailor quantize` (FP8, KL to the parent too) on the child, in a process of its own: its peaks per stage.
+    The quality gate (`tailor evaluate`) streams two models through the same code as quantization's evaluation,
+    which streams three; it is not run here because it refuses a random parent (no held-out token predicted)."""
     quantized = work / "child-fp8"
-    run_measured([*cli, "quantize", "--model", str(child), "--out", str(quantized), "--format", "fp8",
-                  "--parent", str(parent), "--json"])
+    subprocess.run([sys.executable, "-m", "tailor.cli.main", "quantize", "--model", str(child), "--out",
+                    str(quantized), "--format", "fp8", "--parent", str(parent), "--device", device], check=True,
+                   stdout=subprocess.DEVNULL)
     report = json.loads((quantized / "quantization.json").read_text())
-    figures: dict[str, dict[str, float]] = {
-        f"quantize.{stage}": {**peaks, "seconds": report["stage_seconds"][stage]}
-        for stage, peaks in report["peak_memory_bytes"].items()}
-    started = time.monotonic()
-    gate = run_measured([*cli, "evaluate", "--model", str(quantized), "--parent", str(parent), "--min-retention",
-                         "0.01"])
-    figures["gate (whole process)"] = {"rss": gate, "seconds": time.monotonic() - started}
-    if device != "cpu":
-        figures = {k: v for k, v in figures.items() if "cuda" in v}
-    return figures
+    return {f"quantize.{stage}": {**peaks, "seconds": report["stage_seconds"][stage]}
+            for stage, peaks in report["peak_memory_bytes"].items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="llama")
     parser.add_argument("--hidden", type=int, default=1536)
     parser.add_argument("--layers", type=int, default=72)
     parser.add_argument("--intermediate", type=int, default=6144)
@@ -132,16 +142,16 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     parent = args.work / "parent"
-    print(f"[bench] writing a random Llama ({args.layers} layers, hidden {args.hidden})", file=sys.stderr)
+    print(f"[bench] writing a random {args.family} ({args.layers} layers, hidden {args.hidden})", file=sys.stderr)
     if args.tokenizer is None:
         from tailor.compressor import sources
 
         args.tokenizer = sources.fetch_parent()
-    params = write_parent(parent, args.hidden, args.layers, args.intermediate, heads=args.hidden // 128,
-                          kv_heads=max(1, args.hidden // 512), tokenizer=args.tokenizer)
+    params = write_parent(parent, FAMILIES[args.family](args.hidden, args.layers, args.intermediate), args.tokenizer)
     parent_bytes = sum(f.stat().st_size for f in parent.glob("*.safetensors"))
     plan = args.work / "plan.yaml"
-    plan.write_text(yaml.safe_dump(plan_for(parent, args.budget_gib, args.params, args.device, args.text)))
+    plan.write_text(yaml.safe_dump(plan_for(parent, args.family, args.budget_gib, args.params, args.device,
+                                            args.text)))
     gpu = "cpu" if args.device == "cpu" else "H200-141GB"
     expected = predicted(plan, args.ranks, args.budget_gib, gpu)
     out = args.work / "out"
@@ -151,7 +161,7 @@ def main() -> int:
     subprocess.run([*launcher, "-m", "tailor.cli.main", "compress", "--config", str(plan), "--out", str(out)],
                    check=True)
     wall = time.monotonic() - started
-    after = after_compression(out / "child", parent, args.work, args.device)
+    after = quantize(out / "child", parent, args.work, args.device)
     kind = "rss" if args.device == "cpu" else "cuda"
     peaks = [json.loads((out / f"memory.rank{r}.json").read_text()) for r in range(args.ranks)]
     report = json.loads((out / "report.json").read_text())
@@ -164,7 +174,8 @@ def main() -> int:
     rows += [{"stage": stage, "memory": kind, "per_rank": [figures[kind]] + [None] * (args.ranks - 1),
               "at_start": [figures.get(f"{kind}_at_start")], "predicted": None, "seconds": figures.get("seconds")}
              for stage, figures in after.items()]
-    result = {"parent_params": params, "parent_bytes_bf16": parent_bytes, "parent_bytes_fp32": 4 * params,
+    result = {"family": args.family, "parent_params": params, "parent_bytes_bf16": parent_bytes,
+              "parent_bytes_fp32": 4 * params,
               "budget_bytes": budget, "ranks": args.ranks, "device": args.device, "wall_seconds": wall,
               "child_params": report["child"]["params"], "child_perplexity": report["child"]["quality"]["perplexity"],
               "parent_perplexity": report["parent"]["quality"]["perplexity"], "kl_to_parent": report["kl_to_parent"],

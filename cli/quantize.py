@@ -40,13 +40,15 @@ def _quantize(args: argparse.Namespace) -> int:
         job = QuantizeJob(model=Path(plan.layout.child), out=Path(plan.layout.quantized),
                           format=QuantFormat(plan.quantize.format), kv_cache=plan.kv_cache_dtype,
                           parent=resolve_parent(plan.parent), corpus=text,
-                          calibration_tokens=plan.quantize.calibration_tokens, eval_tokens=plan.quantize.eval_tokens)
+                          calibration_tokens=plan.quantize.calibration_tokens, eval_tokens=plan.quantize.eval_tokens,
+                          device=args.device)
     else:
         needs(args, "model", "out")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu) if args.gpu else None
         job = QuantizeJob(model=resolve_parent(args.model), out=args.out, format=args.format, kv_cache=args.kv_cache,
                           parent=resolve_parent(args.parent) if args.parent else None, corpus=text,
-                          calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens)
+                          calibration_tokens=args.calibration_tokens, eval_tokens=args.eval_tokens,
+                          device=args.device)
     report = run(job, gpu)
     write_results(report.result(), args.result_file, plan, "quantize")
     print(report.model_dump_json(indent=2) if args.json else report.markdown())
@@ -110,6 +112,8 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--parent", help="the parent's folder, to report KL to it too")
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     parser.add_argument("--eval-tokens", type=int, default=4096)
+    parser.add_argument("--device", default="auto", help="auto (the GPU where there is one), cpu, cuda or cuda:N: "
+                                                         "the model is read and quantized a layer at a time on it")
     add_corpus_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--result-file", type=Path, help="also write a short JSON result here (a Job's "

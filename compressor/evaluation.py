@@ -13,11 +13,12 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.puzzle.data import corpus_texts, token_windows
-from tailor.compressor.puzzle.evaluate import paired_logits
+from tailor.compressor.puzzle.evaluate import logit_chunks
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.puzzle.scoring import kl_and_loss
 from tailor.compressor.results import GateResult
@@ -25,9 +26,10 @@ from tailor.compressor.results import GateResult
 
 @torch.no_grad()
 def _compare(child: LazyDecoder, parent: LazyDecoder, ids: torch.Tensor) -> dict[str, float]:
-    """Both accuracies and LM losses, and KL(parent || child), a few sequences at a time (`paired_logits`)."""
+    """Both accuracies and LM losses, and KL(parent || child), a few sequences at a time (`logit_chunks`)."""
     totals = dict.fromkeys(("parent_hits", "child_hits", "parent_loss", "child_loss", "kl"), 0.0)
-    for chunk, child_logits, reference in paired_logits(child, parent, ids):
+    for chunk, logits in logit_chunks({"parent": parent, "child": child}, ids):
+        reference, child_logits = F.log_softmax(logits["parent"], -1), logits["child"]
         kl, child_loss = kl_and_loss(reference, child_logits, chunk)
         _, parent_loss = kl_and_loss(reference, reference, chunk)  # log-probabilities are their own log-softmax
         rows = chunk.shape[0]

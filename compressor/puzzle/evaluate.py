@@ -12,7 +12,7 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -39,33 +39,40 @@ def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[tor
     return final, torch.nn.Sequential(model.final_norm, model.lm_head)
 
 
-def paired_logits(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder,
-                  ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(ids, the model's logits, the reference's log-probabilities) a few sequences at a time, with one model
-    and one LM head resident at a time: the reference's log-probabilities are computed first and kept (float32,
-    tokens x vocabulary x 4 bytes) in a temporary folder."""
+def logit_chunks(models: Mapping[str, Decoder | LazyDecoder],
+                 ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """(ids, each model's logits) a few sequences at a time. Every model is streamed once, one model and one LM
+    head resident at a time: the logits (float32, tokens x vocabulary x 4 bytes per model) wait in a temporary
+    folder."""
     rows = max(1, CHUNK_TOKENS // ids.shape[1])
-    with tempfile.TemporaryDirectory(prefix="tailor-logprobs-") as folder, torch.no_grad():
-        final, head = final_and_head(reference, ids)
+    with tempfile.TemporaryDirectory(prefix="tailor-logits-") as folder, torch.no_grad():
+        for name, model in models.items():
+            final, head = final_and_head(model, ids)
+            for i in range(0, ids.shape[0], rows):
+                torch.save(head(final[i:i + rows]).float(), Path(folder) / f"{name}.{i}.pt")
+            del final, head
         for i in range(0, ids.shape[0], rows):
-            torch.save(F.log_softmax(head(final[i:i + rows]).float(), -1), Path(folder) / f"{i}.pt")
-        del final, head
-        final, head = final_and_head(model, ids)
-        for i in range(0, ids.shape[0], rows):
-            yield ids[i:i + rows], head(final[i:i + rows]).float(), torch.load(Path(folder) / f"{i}.pt")
+            yield ids[i:i + rows], {name: torch.load(Path(folder) / f"{name}.{i}.pt") for name in models}
 
 
-@torch.no_grad()
-def quality(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder, ids: torch.Tensor) -> Quality:
-    """Perplexity of `model` and its KL to `reference` on `ids` (`paired_logits`: a `LazyDecoder` streamed one
-    layer at a time)."""
-    kls, losses = [], []
-    for chunk, logits, reference_logprobs in paired_logits(model, reference, ids):
-        kl, loss = kl_and_loss(reference_logprobs, logits, chunk)
-        kls.append(kl * chunk.shape[0])
-        losses.append(loss * chunk.shape[0])
+def qualities(models: Mapping[str, Decoder | LazyDecoder], pairs: list[tuple[str, str]],
+              ids: torch.Tensor) -> dict[tuple[str, str], Quality]:
+    """For each (model, reference) pair of names: the model's perplexity and its KL to the reference on `ids`,
+    every model streamed once (`logit_chunks`)."""
+    sums = {pair: [0.0, 0.0] for pair in pairs}  # KL, LM loss, times sequences
+    for chunk, logits in logit_chunks(models, ids):
+        for model, reference in pairs:
+            kl, loss = kl_and_loss(F.log_softmax(logits[reference], -1), logits[model], chunk)
+            sums[(model, reference)][0] += kl * chunk.shape[0]
+            sums[(model, reference)][1] += loss * chunk.shape[0]
     n = ids.shape[0]
-    return Quality(perplexity=math.exp(sum(losses) / n), lm_loss=sum(losses) / n, kl=sum(kls) / n)
+    return {pair: Quality(perplexity=math.exp(loss / n), lm_loss=loss / n, kl=kl / n)
+            for pair, (kl, loss) in sums.items()}
+
+
+def quality(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder, ids: torch.Tensor) -> Quality:
+    """Perplexity of `model` and its KL to `reference` on `ids`."""
+    return qualities({"model": model, "reference": reference}, [("model", "reference")], ids)[("model", "reference")]
 
 
 @torch.inference_mode()  # as the block timings are taken: no autograd bookkeeping on the cache updates

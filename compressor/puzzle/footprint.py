@@ -232,7 +232,7 @@ class _Model:
         return round(min(every_row, max(step, WORKING_SHARE * self.budget)))
 
     def evaluation(self) -> dict[str, int]:
-        """One model and one LM head at a time (`evaluate.paired_logits`), CHUNK_TOKENS tokens of logits."""
+        """One model and one LM head at a time (`evaluate.logit_chunks`), CHUNK_TOKENS tokens of logits."""
         return {"largest block": self.lmax, "LM head": self.head,
                 "activations": activation_bytes(self.arch, self.plan.eval_tokens),
                 "logits chunks": 5 * CHUNK_TOKENS * self.arch.vocab_size * 4}

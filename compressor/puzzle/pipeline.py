@@ -52,7 +52,7 @@ from tailor.compressor.puzzle.calibration import (
     speed_miss,
 )
 from tailor.compressor.puzzle.data import Splits, load_splits
-from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
+from tailor.compressor.puzzle.evaluate import Quality, decode_tokens_per_second, qualities
 from tailor.compressor.puzzle.footprint import WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.options import is_hybrid
@@ -168,7 +168,7 @@ def fits(arch: Architecture, plan: Plan, device: torch.device) -> bool:
     return budget is None or 10 * arch.total_params < budget
 
 
-def _figures(model: LazyDecoder, parent: LazyDecoder, splits: Splits, plan: Plan) -> ModelFigures:
+def _figures(model: LazyDecoder, found: Quality, plan: Plan) -> ModelFigures:
     arch = model.arch
     target = plan.target
     speed = decode_tokens_per_second(model.load(), target.batch, min(target.context, plan.measure_context),
@@ -176,7 +176,7 @@ def _figures(model: LazyDecoder, parent: LazyDecoder, splits: Splits, plan: Plan
     return ModelFigures(
         params=arch.total_params, active_params=arch.active_param_count,
         weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
-        quality=quality(model, parent, splits.evaluation), decode_tokens_per_second=speed)
+        quality=found, decode_tokens_per_second=speed)
 
 
 class Round:
@@ -382,8 +382,10 @@ def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, pare
             cost_source: str) -> Report:
     fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)  # as the last search saw them
     with log.stage("evaluation"):
-        parent_figures = _figures(parent, parent, splits, plan)
-        child_figures = _figures(child, parent, splits, plan)
+        found = qualities({"parent": parent, "child": child}, [("parent", "parent"), ("child", "parent")],
+                          splits.evaluation)
+        parent_figures = _figures(parent, found[("parent", "parent")], plan)
+        child_figures = _figures(child, found[("child", "parent")], plan)
         child_price = _parent_price(pricer, child)
     if candidates:
         with log.stage("pareto"):

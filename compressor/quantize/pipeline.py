@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerFast
 
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.puzzle.data import corpus_texts, token_windows
-from tailor.compressor.puzzle.evaluate import Quality, quality
+from tailor.compressor.puzzle.evaluate import Quality, qualities
 from tailor.compressor.puzzle.pipeline import Log
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
@@ -52,8 +52,9 @@ class QuantizeJob(BaseModel):
     calibration_tokens: int = Field(4096, ge=16, description="Tokens of the training text run through the "
                                                                "model to calibrate input scales.")
     eval_tokens: int = Field(4096, ge=16, description="Held-out tokens the quality figures are measured on.")
-    device: str = Field("auto", description="auto: the GPU where there is one, else the CPU; the model is read "
-                                            "and quantized a layer at a time on it.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto: the GPU where there is one, else the CPU; the model is read and "
+                                    "quantized a layer at a time on it.")
 
 
 class Figures(BaseModel):
@@ -125,7 +126,7 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     model = LazyDecoder(job.model, device=device)
     recipe, reason = choose_recipe(job.format, model.arch, gpu)
     log(reason)
-    tokenizer = AutoTokenizer.from_pretrained(job.model)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(job.model)  # a DeciLM child's config needs remote code
     train_texts, heldout_texts = corpus_texts(job.corpus)
     calibration = token_windows(train_texts, tokenizer, job.seq_len, job.calibration_tokens).to(device)
     held_out = token_windows(heldout_texts, tokenizer, job.seq_len, job.eval_tokens).to(device)
@@ -138,13 +139,15 @@ def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
             for repair in done.repairs:
                 log(f"repaired hf_quant_config.json: {repair}")
         with log.stage("evaluate"):
-            restored = LazyDecoder(staging, device=device, quantized_ok=True)
-            parent = LazyDecoder(job.parent, device=device) if job.parent is not None else None
+            models = {"unquantized": model, "quantized": LazyDecoder(staging, device=device, quantized_ok=True)}
+            if job.parent is not None:
+                models["parent"] = LazyDecoder(job.parent, device=device)
+            found = qualities(models, [(label, reference) for label in ("unquantized", "quantized")
+                                       for reference in ("unquantized", "parent") if reference in models], held_out)
             figures = {}
-            for label, candidate in (("unquantized", model), ("quantized", restored)):
-                figures[label] = Figures(quality=quality(candidate, model, held_out),
-                                         kl_to_parent=None if parent is None
-                                         else quality(candidate, parent, held_out).kl)
+            for label in ("unquantized", "quantized"):
+                figures[label] = Figures(quality=found[(label, "unquantized")],
+                                         kl_to_parent=found[(label, "parent")].kl if "parent" in models else None)
                 log(f"{label}: perplexity {figures[label].quality.perplexity:.3f}, KL to the unquantized "
                     f"{figures[label].quality.kl:.4f}")
         section = done.quant_config["quantization"]
