@@ -101,7 +101,9 @@ class MixtureOfExperts(nn.Module):
         weights, chosen = self.gate(flat, banned)
         latent = self.to_latent(flat)
         out = torch.zeros(latent.shape, dtype=weights.dtype, device=latent.device)
-        for expert in chosen.unique().tolist():
+        # Training runs every expert, those no token chose on an empty batch: each then has a gradient (zero), so
+        # that FSDP's reduce-scatter is the same on every rank whatever the routing.
+        for expert in range(len(self.experts)) if torch.is_grad_enabled() else chosen.unique().tolist():
             rows, rank = (chosen == expert).nonzero(as_tuple=True)
             out.index_add_(0, rows, self.experts[expert](latent[rows]) * weights[rows, rank, None])
         out = out.to(latent.dtype)

@@ -125,3 +125,17 @@ def test_initialised_moe_variants_stay_close_to_their_block(update: dict[str, An
         linear = init_variant(Variant(slot=0, kind="ffn", part=Linear()), old_branch, x, SETTINGS)
         linear_error = (residual(linear, x) - x - target).pow(2).mean() / target.pow(2).mean()
     assert 0 < error < 1 and 0 < linear_error < 1
+
+
+def test_in_training_every_expert_gets_a_gradient_whatever_the_routing() -> None:
+    """FSDP reduce-scatters the same gradients on every rank: an expert no token chose on one rank must still
+    have one (zero), or two ranks' collectives differ in size (a gloo crash in GKD on NemotronH parents)."""
+    module = moe()
+    with torch.no_grad():
+        module.gate.e_score_correction_bias[3] = -10.0  # never chosen
+    x = inputs(8)
+    module(x).sum().backward()
+    never = module.experts[3]
+    assert all(p.grad is not None and not p.grad.any() for p in never.parameters())
+    chosen = int(module.gate(x.reshape(-1, HIDDEN))[1][0, 0])
+    assert all(p.grad is not None and p.grad.any() for p in module.experts[chosen].parameters())
