@@ -38,6 +38,7 @@ from tailor.compressor.checkpoint import (
 from tailor.compressor.files import write_json
 from tailor.compressor.memory import KvDtype, QuantRecipe
 from tailor.compressor.modeling import Decoder, SelfAttention
+from tailor.compressor.moe import MixtureOfExperts
 from tailor.compressor.quantize.recipes import tensor_group
 
 
@@ -48,11 +49,12 @@ def quantizable_layers(model: torch.nn.Module) -> list[str]:
 
 @torch.no_grad()
 def calibrate(model: Decoder, recipe: QuantRecipe, forward_loop: Callable[[Decoder], object],
-              kv_cache: KvDtype = KvDtype.BF16) -> list[str]:
+              kv_cache: KvDtype = KvDtype.BF16, progress: Callable[[str], None] = lambda _: None) -> list[str]:
     """Quantize `model` in place with the recipe's modelopt preset, calibrated by `forward_loop(model)` (which
     runs the calibration data through it); return the names of the quantized layers. Raises if the preset and
     the recipe disagree. With an FP8 `kv_cache`, every attention layer's keys and values get modelopt's FP8 KV
-    quantizers too (`FP8_KV_CFG`)."""
+    quantizers too (`FP8_KV_CFG`). Experts no calibration token reached take their layer's largest input scale
+    (`_share_expert_input_scales`)."""
     if recipe.modelopt_config is None:
         raise ValueError(f"recipe {recipe.name} quantizes nothing")
     preset = copy.deepcopy(getattr(mtq, recipe.modelopt_config))
@@ -65,6 +67,7 @@ def calibrate(model: Decoder, recipe: QuantRecipe, forward_loop: Callable[[Decod
                     attention.k_bmm_quantizer, attention.v_bmm_quantizer = TensorQuantizer(), TensorQuantizer()
             mtq.set_quantizer_by_cfg(model, copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
         mtq.calibrate(model, "max", forward_loop)
+    _share_expert_input_scales(model, progress)
     quantized = []
     for name in quantizable_layers(model):
         module: Any = model.get_submodule(name)  # a modelopt QuantLinear
@@ -77,6 +80,29 @@ def calibrate(model: Decoder, recipe: QuantRecipe, forward_loop: Callable[[Decod
             raise ValueError(f"{name}: recipe {recipe.name} quantizes {tensor_group(name).value} layers but "
                              f"{recipe.modelopt_config} left it unquantized")
     return quantized
+
+
+def _share_expert_input_scales(model: Decoder, progress: Callable[[str], None]) -> None:
+    """A routed expert that no calibration token was routed to has no input amax, and its export would lack the
+    `input_scale` a W8A8 / W4A4 layer needs. It takes the largest amax of the same projection among its layer's
+    experts, as modelopt does for the MoE layouts its exporter knows (serving engines take one input scale per
+    layer's experts anyway)."""
+    for name, moe in model.named_modules():
+        if not isinstance(moe, MixtureOfExperts):
+            continue
+        for projection in ("up_proj", "down_proj"):
+            quantizers = [getattr(expert, projection).input_quantizer for expert in moe.experts]
+            enabled = [q for q in quantizers if q.is_enabled]
+            seen = [q.amax for q in enabled if q.amax is not None]
+            missing = [index for index, q in enumerate(quantizers) if q.is_enabled and q.amax is None]
+            if not missing:
+                continue
+            if not seen:
+                raise ValueError(f"{name}: no calibration token reached any expert's {projection}")
+            for index in missing:
+                quantizers[index].amax = torch.stack(seen).amax(0)
+            progress(f"{name}: experts {missing} got no calibration token; their {projection} input scale is the "
+                     "largest of the layer's experts")
 
 
 def export(model: Decoder, config: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

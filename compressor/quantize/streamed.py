@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,11 @@ def one_layer_model(model: LazyDecoder, index: int) -> Decoder:
     wrapper.layers[0] = model.layer(index)
     recompute_rotary(wrapper, model.device)
     return wrapper.eval()
+
+
+def _renamed(progress: Callable[[str], None], own: str, renamed: str, line: str) -> None:
+    """A line about the one-layer wrapper, naming the layer as the model names it."""
+    progress(line.replace(own, renamed, 1))
 
 
 @contextmanager
@@ -121,7 +127,7 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
         own, renamed = f"{body}.layers.0.", f"{body}.layers.{index}."
         with _allow_no_quantized_weights(not any(tensor_group(name) in recipe.quantized
                                                  for name in quantizable_layers(wrapper) if name.startswith(own))):
-            layers = calibrate(wrapper, recipe, forward_loop, kv_cache)
+            layers = calibrate(wrapper, recipe, forward_loop, kv_cache, partial(_renamed, progress, own, renamed))
         done.quantized_layers += [name.replace(own, renamed, 1) for name in layers]
         tensors, quant_config = export(wrapper, {**model.config, "vocab_size": STAND_IN_VOCAB,
                                                  "tie_word_embeddings": False})

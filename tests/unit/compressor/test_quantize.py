@@ -174,16 +174,21 @@ def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) 
     arch = architecture_from_config(HYBRID)
     torch.manual_seed(0)
     model = Decoder(arch, settings_from_config(HYBRID, "test")).eval()
+    with torch.no_grad():  # expert 3 of the MoE layer is never chosen: calibration never reaches it
+        model.backbone.layers[2].mixer.gate.e_score_correction_bias[3] = -10.0
     write_checkpoint(model, tmp_path / "parent", HYBRID, tmp_path)
     recipe = RECIPES["nvfp4-mamba-moe"]
     _, layers = quantized_folder(tmp_path / "parent", recipe.name, tmp_path / "hybrid")
+    stored = stored_tensors(tmp_path / "hybrid")
+    for projection in ("up_proj", "down_proj"):  # it takes its layer's largest input scale (W4A4 needs one)
+        scales = [stored[f"backbone.layers.2.mixer.experts.{e}.{projection}.input_scale"] for e in range(4)]
+        assert torch.equal(scales[3], torch.stack(scales[:3]).amax(0))
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert sorted(layers) == sorted(n for n in linear if tensor_group(n) in recipe.quantized)
     assert "backbone.layers.0.mixer.in_proj" in layers and "backbone.layers.2.mixer.experts.3.down_proj" in layers
     assert "backbone.layers.1.mixer.q_proj" not in layers  # attention and latent projections stay BF16
     restored = load_decoder(tmp_path / "hybrid")
     assert type(restored.backbone.layers[2].mixer.fc1_latent_proj) is torch.nn.Linear
-    stored = stored_tensors(tmp_path / "hybrid")
     packed = sum(stored[f"{n}.weight"].numel() + stored[f"{n}.weight_scale"].numel() for n in layers)
     unquantized = weight_bytes(arch, RECIPES["bf16"]) - sum(
         model.get_submodule(n).weight.numel() * 2 for n in layers)
