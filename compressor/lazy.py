@@ -122,8 +122,9 @@ class LazyDecoder:
     def slots(self) -> list[Slot]:
         return self.skeleton.slots()
 
-    def tensors(self, names: list[str], strip: str = "") -> dict[str, torch.Tensor]:
-        """The named tensors, read from their files in the compute dtype; `strip` removed from the names."""
+    def tensors(self, names: list[str], strip: str = "", dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The named tensors, read from their files in the compute dtype (or `dtype`: BF16 to copy them into a
+        checkpoint); `strip` removed from the names."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self.files[name], []).append(name)
@@ -139,7 +140,7 @@ class LazyDecoder:
                         if tuple(tensor.shape) != self.shapes[name]:
                             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
                                                   f"config.json gives {self.shapes[name]}")
-                        keep = tensor.dtype if name.endswith("e_score_correction_bias") else self.dtype
+                        keep = tensor.dtype if name.endswith("e_score_correction_bias") else dtype or self.dtype
                         out[name.removeprefix(strip)] = tensor.to(self.device, keep)
             except (SafetensorError, OSError) as error:
                 raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
