@@ -30,7 +30,6 @@ from tailor.compressor.checkpoint import (
     SCALE_SUFFIXES,
     SUPPORTED,
     CheckpointError,
-    load_decoder,
     read_config,
     settings_from_config,
     write_metadata,
@@ -167,8 +166,9 @@ class LazyDecoder:
             )
 
             tensors = self.tensors([name for name in self.files if name.startswith(prefix)], strip=prefix)
-            try:
-                swap_quantized_layers(fresh, tensors, self.folder, self.dtype, prefix)
+            try:  # the quantized layers are built weightless: their tensors are assigned from `tensors`
+                with torch.device("meta"):
+                    swap_quantized_layers(fresh, tensors, self.folder, self.dtype, prefix)
             except QuantizedCheckpointError as error:
                 raise CheckpointError(str(error)) from error
             materialise(fresh, tensors)
@@ -201,7 +201,7 @@ class LazyDecoder:
     def load(self) -> Decoder:
         """The whole model, for what needs it resident (timing a decode step); only for models that fit."""
         if self.quantized:
-            return load_decoder(self.folder, self.dtype).to(self.device).eval()
+            raise CheckpointError(f"{self.folder}: a quantized export is read whole by checkpoint.load_decoder")
         decoder = _rebuild(self.skeleton)
         assert isinstance(decoder, Decoder)
         tensors = self.tensors([name for name in self.shapes if name != "lm_head.weight" or

@@ -32,11 +32,13 @@ from tailor.operator.api import MAX_BATCH, CompressedModelSpec
 from tailor.operator.pools import gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
+# Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
+DATA_DECIDED = {"data.textField": "spec.compression.data.textField",
+                "data.heldoutEvery": "spec.compression.data.heldOutEvery"}
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
 # Plan fields the operator derives from the spec: planOverrides may not change them.
 DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
-           "data.heldout": "spec.compression.data.heldOutPath", "data.textField": "spec.compression.data.textField",
-           "data.heldoutEvery": "spec.compression.data.heldOutEvery", "target.gpu": "spec.compression.targetGPU",
+           "data.heldout": "spec.compression.data.heldOutPath", "target.gpu": "spec.compression.targetGPU",
            "target.precision": "spec.quantization.precision",
            "target.kvDtype": "spec.quantization.kvCacheDtype",
            "target.batch": "spec.compression.batch or spec.deployment.pools",
@@ -160,7 +162,8 @@ def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision
     target of 1 / latencyFactor; the plan's own `latency` (prefill) is left to planOverrides."""
     c = spec.compression
     overrides = c.plan_overrides or {}
-    decided = sorted(f"planOverrides.{p} is set from {DECIDED[p]}" for p in _paths(overrides) if p in DECIDED)
+    fixed = DECIDED | (DATA_DECIDED if c.data is not None else {})
+    decided = sorted(f"planOverrides.{p} is set from {fixed[p]}" for p in _paths(overrides) if p in fixed)
     if decided:
         raise InvalidPlan("spec.compression: " + "; ".join(decided))
     throughputs = [t for t in (c.throughput_factor, None if c.latency_factor is None else 1 / c.latency_factor)

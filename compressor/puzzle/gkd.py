@@ -154,7 +154,8 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
             checkpoint_seconds: float = 1800.0) -> list[float]:
     """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step. `budget_bytes`:
     the memory per rank the teacher's states may take a quarter of. Every `checkpoint_seconds` the training
-    state is saved beside `out` (`resume.Checkpoints`), and a run of the same GKD resumes from it."""
+    state is saved beside `out` (`resume.Checkpoints`), and a run of the same GKD resumes from it; the caller
+    clears it (`Checkpoints.clear`) once the child is recorded."""
     rank, world = parallel.rank_world()
     per_step = -(-budget.batch // world) * world  # gkd.batch, rounded up to a whole number of rows per rank
     steps = max(1, math.ceil(budget.tokens / (per_step * train.shape[1])))
@@ -206,7 +207,6 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
         checkpoints.after_step(step, losses)
     del teacher, optimiser, checkpoints
     _write(child, out, parent_folder, child_folder)
-    Checkpoints.clear(out.with_name(CHECKPOINT_FOLDER))
     return losses
 
 

@@ -59,6 +59,7 @@ from tailor.compressor.puzzle.options import is_hybrid
 from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
+from tailor.compressor.puzzle.resume import Checkpoints
 from tailor.compressor.puzzle.scoring import Score, gather_scores, score_variants
 from tailor.compressor.puzzle.search import Candidate, limits_for, pareto, solve
 
@@ -118,7 +119,8 @@ def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
         base.update(f"{weights.name}:{weights.stat().st_size}".encode())
     library = base.copy()
     library.update(plan.model_dump_json(include=LIBRARY_FIELDS).encode())
-    target = hashlib.sha256(plan.model_dump_json(exclude=LIBRARY_FIELDS | {"budget_gib"}).encode())
+    operational = {"budget_gib", "checkpoint_minutes"}  # how to run, not what to make
+    target = hashlib.sha256(plan.model_dump_json(exclude=LIBRARY_FIELDS | operational).encode())
     return {"library": library.hexdigest()[:16], "target": target.hexdigest()[:16]}
 
 
@@ -364,6 +366,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
                 bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)
             write_json(folder / "round.json", summary_model.model_dump())
             shutil.rmtree(folder / "activations")
+            Checkpoints.clear(folder / gkd.CHECKPOINT_FOLDER)
         parallel.barrier()
         current = LazyDecoder(finished, device=device)
         rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))

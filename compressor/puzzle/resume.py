@@ -1,11 +1,11 @@
 """GKD's resumable checkpoints: the sharded child and its AdamW states saved with torch.distributed.checkpoint.
 
-Each rank writes its own shards (no rank gathers the model) into a staged folder, which rank 0 renames over the
-previous checkpoint once every rank is done: a killed job leaves the last complete checkpoint, never a partial
-one. `progress.json` beside the shards says what the checkpoint was saved for (`RunKey`: the assembled child,
-the batch schedule, the optimiser settings) and how far it got. A checkpoint of another run is not used: GKD
-starts over and says why. torch.distributed.checkpoint could reshard on load, but the batch schedule depends on
-the number of ranks, so another world size starts over too.
+Each rank writes its own shards (no rank gathers the model) into a staged folder, which rank 0 swaps in for the
+previous checkpoint once every rank is done (the previous one set aside until the new one is in place): a killed
+job leaves the last complete checkpoint, never a partial one. `progress.json` beside the shards says what the
+checkpoint was saved for (`RunKey`: the assembled child, the batch schedule, the optimiser settings) and how far
+it got. A checkpoint of another run is not used: GKD starts over and says why. torch.distributed.checkpoint could
+reshard on load, but the batch schedule depends on the number of ranks, so another world size starts over too.
 """
 
 from __future__ import annotations
@@ -69,29 +69,31 @@ class Checkpoints:
 
     def resume(self) -> tuple[int, list[float]]:
         """(steps already done, their losses): (0, []) without a checkpoint of this run."""
-        path = self.folder / PROGRESS_FILE
-        if not path.exists():
+        found = [folder for folder in (self.folder, _aside(self.folder)) if (folder / PROGRESS_FILE).exists()]
+        if not found:
             return 0, []
+        folder = found[0]  # the previous checkpoint, when a kill came between the two renames of a save
+        path = folder / PROGRESS_FILE
         try:
             saved = Saved.model_validate_json(path.read_text())
         except ValueError as error:
             raise CheckpointError(f"{path}: unreadable GKD progress ({str(error).splitlines()[0]}); delete "
-                                  f"{self.folder} to start GKD over") from error
+                                  f"{folder} to start GKD over") from error
         if saved.key != self.key:
             changed = sorted(k for k, v in saved.key.model_dump().items() if getattr(self.key, k) != v)
-            self.progress(f"gkd: the checkpoint in {self.folder} is of another run (changed: {', '.join(changed)});"
+            self.progress(f"gkd: the checkpoint in {folder} is of another run (changed: {', '.join(changed)});"
                           " starting over")
             return 0, []
         state = self._state()
         try:
-            load(state, checkpoint_id=str(self.folder))
+            load(state, checkpoint_id=str(folder))
         except Exception as error:  # DCP raises many kinds; the path and the way out are what matter
-            raise CheckpointError(f"{self.folder}: cannot resume GKD from this checkpoint "
+            raise CheckpointError(f"{folder}: cannot resume GKD from this checkpoint "
                                   f"({str(error).splitlines()[0]}); delete it to start GKD over") from error
         set_state_dict(self.model, self.optimiser, model_state_dict=state["model"],
                        optim_state_dict=state["optimiser"])
         self.schedule.load_state_dict(saved.schedule)
-        self.progress(f"gkd: resumed after step {saved.step}/{self.key.steps} from {self.folder}")
+        self.progress(f"gkd: resumed after step {saved.step}/{self.key.steps} from {folder}")
         return saved.step, saved.losses
 
     def after_step(self, step: int, losses: list[float]) -> None:
@@ -99,7 +101,7 @@ class Checkpoints:
         due = step < self.key.steps and time.monotonic() - self.last >= self.every
         if parallel.broadcast("save" if due else "") != "save":
             return
-        staging = self.folder.with_name(self.folder.name + ".partial")
+        staging = _staging(self.folder)
         if parallel.is_main():
             shutil.rmtree(staging, ignore_errors=True)
         parallel.barrier()
@@ -107,14 +109,28 @@ class Checkpoints:
         if parallel.is_main():
             write_json(staging / PROGRESS_FILE, Saved(key=self.key, step=step, losses=losses,
                                                       schedule=self.schedule.state_dict()).model_dump())
-            shutil.rmtree(self.folder, ignore_errors=True)
+            aside = _aside(self.folder)  # the last checkpoint stays whole until the new one is in place
+            shutil.rmtree(aside, ignore_errors=True)
+            if self.folder.exists():
+                self.folder.rename(aside)
             staging.rename(self.folder)
+            shutil.rmtree(aside, ignore_errors=True)
         parallel.barrier()
         self.last = time.monotonic()
         self.progress(f"gkd: checkpoint after step {step}/{self.key.steps} in {self.folder}")
 
     @staticmethod
     def clear(folder: Path) -> None:
-        """The trained child is written: the checkpoint in `folder` has served."""
+        """The trained child is written and recorded: the checkpoint in `folder` (and any staged or set-aside
+        copy) has served."""
         if parallel.is_main():
-            shutil.rmtree(folder, ignore_errors=True)
+            for path in (folder, _aside(folder), _staging(folder)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _aside(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".previous")
+
+
+def _staging(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".partial")

@@ -80,7 +80,7 @@ def _restore_kv_cache(model: nn.Module, tensors: dict[str, torch.Tensor], sectio
         if not isinstance(module, SelfAttention):
             continue
         wanted = {f"{name}.k_proj.k_scale", f"{name}.v_proj.v_scale"}
-        if (algo == "FP8") != (wanted <= scales):
+        if not (wanted <= scales if algo == "FP8" else not wanted & scales):
             raise QuantizedCheckpointError(f"{source}: kv_cache_quant_algo is {algo} but attention {prefix}{name} "
                                            f"has {len(wanted & scales)} of its 2 KV-cache scales")
         scales -= wanted

@@ -111,8 +111,10 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
     section: dict[str, Any] = {}
     excluded: list[str] = []
     stored: list[str] = []
+    embedding = model.embedding()
     with torch.no_grad():
-        x = torch.cat([model.embedding()(calibration[i:i + ROWS]) for i in range(0, calibration.shape[0], ROWS)])
+        x = torch.cat([embedding(calibration[i:i + ROWS]) for i in range(0, calibration.shape[0], ROWS)])
+    del embedding
     count = len(model.arch.blocks)
     for index in range(count):
         wrapper = one_layer_model(model, index)
@@ -125,9 +127,12 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
                 module.run_slots(stream)
 
         own, renamed = f"{body}.layers.0.", f"{body}.layers.{index}."
-        with _allow_no_quantized_weights(not any(tensor_group(name) in recipe.quantized
-                                                 for name in quantizable_layers(wrapper) if name.startswith(own))):
-            layers = calibrate(wrapper, recipe, forward_loop, kv_cache, partial(_renamed, progress, own, renamed))
+        try:
+            with _allow_no_quantized_weights(not any(tensor_group(name) in recipe.quantized for name in
+                                                     quantizable_layers(wrapper) if name.startswith(own))):
+                layers = calibrate(wrapper, recipe, forward_loop, kv_cache, partial(_renamed, progress, own, renamed))
+        except ValueError as error:  # named in the one-layer wrapper's terms
+            raise ValueError(str(error).replace(own, renamed)) from error
         done.quantized_layers += [name.replace(own, renamed, 1) for name in layers]
         tensors, quant_config = export(wrapper, {**model.config, "vocab_size": STAND_IN_VOCAB,
                                                  "tie_word_embeddings": False})

@@ -155,6 +155,11 @@ def test_the_text_on_a_claim_becomes_the_plans_data_as_the_pods_see_it() -> None
     every = resolve(example(data={**DATA, "heldOutEvery": 4}).spec, OWNER, 1, CATALOG, 1).puzzle.data
     assert (every.heldout, every.heldout_every, every.text_field) == (None, 4, "text")
     assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "shakespeare"  # the demo default
+    # the built-in text's held-out rule may be tuned; a claim's is spec.compression.data's
+    tuned = compression_plan(example(planOverrides={"data": {"heldoutEvery": 4}}).spec, 1, Precision.NVFP4)
+    assert tuned.data.heldout_every == 4
+    with pytest.raises(InvalidPlan, match=r"data\.heldoutEvery is set from spec\.compression\.data\.heldOutEvery"):
+        compression_plan(example(data=DATA, planOverrides={"data": {"heldoutEvery": 4}}).spec, 1, Precision.NVFP4)
 
 
 def test_quantize_and_the_gate_read_the_text_of_the_plan_or_of_their_flags() -> None:

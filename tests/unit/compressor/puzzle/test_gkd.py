@@ -14,6 +14,7 @@ from tailor.compressor.checkpoint import load_decoder, read_config, write_checkp
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.plan import Training
+from tailor.compressor.puzzle.resume import Checkpoints
 
 
 class Killed(Exception):
@@ -68,9 +69,12 @@ def test_a_killed_gkd_resumes_from_its_checkpoint(tiny_parent: Path, assembled: 
     checkpoint = out.with_name(gkd.CHECKPOINT_FOLDER)
     assert (checkpoint / "progress.json").exists() and not out.exists()
     assert not list(out.parent.glob("*.partial"))
+    # killed between a save's two renames: the previous checkpoint, set aside, is the one to resume from
+    checkpoint.rename(checkpoint.with_name(checkpoint.name + ".previous"))
     resumed = run(out, 1e9)
     assert any(line.startswith("gkd: resumed after step 3/6") for line in lines)
-    assert not checkpoint.exists()  # served its purpose once the child is written
+    Checkpoints.clear(checkpoint)  # what the pipeline does once the round is recorded
+    assert not list(out.parent.glob(f"{gkd.CHECKPOINT_FOLDER}*"))
     assert len(resumed) == len(whole) == 6
     first, second = weights(tmp_path / "whole" / "child"), weights(out)
     if budget_bytes is None:  # the same computation: the same child, to the bit
