@@ -138,6 +138,8 @@ def main() -> int:
     parser.add_argument("--tokenizer", type=Path, help="a folder with tokenizer.json (default: SmolLM2's, fetched)")
     parser.add_argument("--text", default="shakespeare", help="data.text of the plan: 'shakespeare' or a folder")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-compress-memory")
+    parser.add_argument("--keep-work", action="store_true", help="keep the work folder (parent, stages, children: "
+                                                                 "some 20 GB at the default size)")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "compress_memory.json")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
@@ -182,6 +184,8 @@ def main() -> int:
               "stages": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.keep_work:
+        shutil.rmtree(args.work)
     print(f"parent: {params / 1e9:.2f}B parameters, {parent_bytes / GIB:.2f} GiB in BF16 "
           f"({4 * params / GIB:.2f} GiB in float32); budget {args.budget_gib:.2f} GiB per rank "
           f"(parent / budget = {parent_bytes / budget:.1f}x); {args.ranks} ranks; wall {wall:.0f} s")
