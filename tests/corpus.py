@@ -40,7 +40,9 @@ def patched(patch: dict[str, Any], base: dict[str, Any] | None = None) -> dict[s
         for key, value in change.items():
             if value is DELETE:
                 target.pop(key, None)
-            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            elif isinstance(value, dict):  # into what is there, or a new mapping: DELETE holds inside it too
+                if not isinstance(target.get(key), dict):
+                    target[key] = {}
                 merge(target[key], value)
             else:
                 target[key] = copy.deepcopy(value)
