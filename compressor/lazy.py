@@ -148,6 +148,11 @@ class LazyDecoder:
     def _as_stored(self, name: str, tensor: torch.Tensor) -> bool:
         return self.quantized and (name.endswith(SCALE_SUFFIXES) or tensor.dtype in (torch.uint8, torch.float8_e4m3fn))
 
+    def end_names(self) -> list[str]:
+        """The tensors outside the layers as stored: embedding, final norm and (unless tied) the LM head."""
+        return [name for name in self.shapes if not name.startswith(f"{self.family_prefix}.layers.")
+                and not (self.arch.tie_word_embeddings and name == "lm_head.weight")]
+
     def layer_prefix(self, index: int) -> str:
         return f"{self.family_prefix}.layers.{index}."
 

@@ -108,12 +108,20 @@ def gpu_ask(pool: NodePoolTarget, nodes: list[dict[str, Any]]) -> GpuAsk | None:
     if not members:
         return None
     gpus = min(map(allocatable_gpus, members))
+    per_node = pool.concurrency.per_node
+    why = (f"perNode {per_node} over {gpus} GPUs" if per_node is not None
+           else f"total {pool.concurrency.total} over {len(members)} node(s) x {gpus} GPUs")
+    return GpuAsk(pool=pool.name, per_gpu=math.ceil(target_concurrency(pool, len(members)) / (len(members) * gpus)),
+                  why=why)
+
+
+def target_concurrency(pool: NodePoolTarget, nodes: int) -> int:
+    """The concurrent requests the pool asks for over its `nodes` schedulable nodes."""
     per_node, total = pool.concurrency.per_node, pool.concurrency.total
     if per_node is not None:
-        return GpuAsk(pool=pool.name, per_gpu=math.ceil(per_node / gpus), why=f"perNode {per_node} over {gpus} GPUs")
+        return per_node * nodes
     assert total is not None  # the API guarantees exactly one of perNode and total
-    return GpuAsk(pool=pool.name, per_gpu=math.ceil(total / (len(members) * gpus)),
-                  why=f"total {total} over {len(members)} node(s) x {gpus} GPUs")
+    return total
 
 
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
@@ -155,9 +163,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     except ValueError as error:
         return plan.model_copy(update={"skipped": f"{error} ({recipe.name} weights, {kv.value} KV cache)"})
     sizing = size(built.arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=plan.gpus_per_node)
-    target = (pool.concurrency.per_node * len(members) if pool.concurrency.per_node is not None
-              else pool.concurrency.total)
-    assert target is not None  # the API guarantees exactly one of perNode and total
+    target = target_concurrency(pool, len(members))
     needed = math.ceil(target / sizing.concurrency_per_replica)
     capacity = sizing.replicas_per_node * len(members)
     replicas = max(deployment.min_replicas, min(needed, deployment.max_replicas, capacity))

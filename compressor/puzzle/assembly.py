@@ -51,8 +51,7 @@ def assemble(current: LazyDecoder, chosen: list[Variant], bld: Path, folder: Pat
             out.add(tensors)
             written.update(tensors)
             del layer
-        ends = current.tensors([name for name in current.shapes if not name.startswith(f"{prefix}.layers.")
-                                and not (arch.tie_word_embeddings and name == "lm_head.weight")], dtype=torch.bfloat16)
+        ends = current.tensors(current.end_names(), dtype=torch.bfloat16)
         out.add(ends)
         written.update(ends)
         if written != expected - ({"lm_head.weight"} if arch.tie_word_embeddings else set()):

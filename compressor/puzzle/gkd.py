@@ -37,7 +37,7 @@ from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkp
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress
-from tailor.compressor.puzzle.footprint import WORKING_SHARE, teacher_is_sharded
+from tailor.compressor.puzzle.footprint import WORKING_SHARE, block_params, teacher_is_sharded
 from tailor.compressor.puzzle.plan import Training
 from tailor.compressor.puzzle.resume import Checkpoints, RunKey, child_digest
 
@@ -164,7 +164,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     mine = [rows[rank::world] for rows in batches]
     teacher: ShardedTeacher | StreamedTeacher
     child_arch = LazyDecoder(child_folder).arch
-    largest = max(int(sum(block.params(child_arch.hidden_size).values())) for block in child_arch.blocks)
+    largest = max(block_params(child_arch))
     if teacher_is_sharded(parent.dtype.itemsize * parent.arch.total_params, child_arch.total_params, largest, world,
                           budget_bytes):
         progress("gkd: the parent sharded across the ranks")

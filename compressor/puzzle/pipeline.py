@@ -95,6 +95,13 @@ class Log:
         write_json(out / f"memory.rank{parallel.rank_world()[0]}.json", self.peaks)
 
 
+def resolve_device(name: str) -> torch.device:
+    """A plan's or job's `device`: auto is the GPU where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def resolve_parent(name: str) -> Path:
     """A model folder, an hf:// model (downloaded once), or a built-in parent fetched (or trained) on first use."""
     if name == sources.PARENT_NAME:
@@ -299,8 +306,7 @@ def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:
 
 def compress(plan: Plan, out: Path) -> Report | None:
     """Run (or resume) the whole pipeline into `out`; rank 0 writes the report and returns it, other ranks None."""
-    device = torch.device("cuda" if plan.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if plan.device == "auto" else plan.device)
+    device = resolve_device(plan.device)
     parallel.init(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerFast
 
@@ -26,7 +25,7 @@ from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.puzzle.data import corpus_texts, token_windows
 from tailor.compressor.puzzle.evaluate import Quality, qualities
-from tailor.compressor.puzzle.pipeline import Log
+from tailor.compressor.puzzle.pipeline import Log, resolve_device
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
 from tailor.compressor.quantize.streamed import write_quantized
@@ -114,15 +113,9 @@ def _file_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.glob("*.safetensors"))
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def run(job: QuantizeJob, gpu: GpuProfile | None) -> QuantReport:
     log = Log()
-    device = _device(job.device)
+    device = resolve_device(job.device)
     model = LazyDecoder(job.model, device=device)
     recipe, reason = choose_recipe(job.format, model.arch, gpu)
     log(reason)

@@ -4,8 +4,9 @@
 (max calibration: per-tensor amax of weights and inputs), then leaves enabled exactly the layers the
 recipe prices as quantized. `export` runs modelopt's unified HF exporter on the calibrated model: FP8
 weights with per-tensor scales, or NVFP4 packed two values a byte with FP8 block scales, a float32
-global scale and, for W4A4, the calibrated input scale. The exporter's quantization config is then
-checked against the tensors it wrote and repaired where it is wrong.
+global scale and, for W4A4, the calibrated input scale. `repair_exclusions` checks an exporter's quantization
+config against the tensors it wrote and repairs it where it is wrong. `tailor quantize` runs these a layer at a
+time (`streamed`).
 """
 
 from __future__ import annotations

@@ -148,8 +148,7 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
         stored += layer_tensors
         del wrapper, tensors, layer_tensors
         progress(f"layer {index + 1}/{count}: {len(layers)} linear layers in {recipe.name}")
-    ends = model.tensors([name for name in model.shapes if not name.startswith(f"{body}.layers.")
-                          and not (model.arch.tie_word_embeddings and name == "lm_head.weight")], dtype=torch.bfloat16)
+    ends = model.tensors(model.end_names(), dtype=torch.bfloat16)
     writer.add(ends)
     stored += ends
     done.quant_config["quantization"] = {**section, "exclude_modules": excluded}
