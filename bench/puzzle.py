@@ -1,15 +1,18 @@
-"""Puzzle vs uniform FFN pruning vs dropping layers, at matched measured decode speed, on SmolLM2-135M.
+"""Puzzle vs uniform FFN pruning vs dropping layers, at matched measured decode speed, on SmolLM2-135M, in the
+training text's domain and outside it, over several runs.
 
-For each throughput target: run `tailor compress` (the second target reuses the first run's BLD and
+Each run (its own seed) and throughput target: run `tailor compress` (a second target reuses the run's BLD and
 scores), then build both baselines from the parent at the Puzzle child's measured speed:
 - uniform FFN pruning: every FFN cut to one width (channel contribution, as Puzzle's library does),
   the widest width whose measured decode speed reaches the Puzzle child's;
 - layer dropping: whole layers removed in order of least Block Influence (1 - cos(input, output) of
   the layer on calibration text, as ShortGPT ranks them), the fewest that reach the same speed.
 Both baselines then get the Puzzle child's GKD token budget. Every model is timed in one harness, in
-this process, and scored on the same held-out text.
+this process, and scored on the same text: the plan's held-out documents (in-domain: works of the training
+corpus no stage trains on) and corpora of other genres no stage ever reads (out-of-domain: news articles and
+Python's reference documentation by default). The summary gives each model's mean and spread over the runs.
 
-    .venv/bin/python bench/puzzle.py                  # ~45 min on 2 cores; writes bench/results/puzzle.{json,png}
+    .venv/bin/python bench/puzzle.py      # 3 runs at 1.5x, ~25 min each on 2 cores; bench/results/puzzle.{json,png}
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ from tailor.compressor.checkpoint import load_decoder, save_decoder
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import Branch, Decoder
 from tailor.compressor.puzzle import gkd, parallel
-from tailor.compressor.puzzle.data import load_splits
+from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.pipeline import resolve_parent
@@ -122,26 +126,26 @@ def matched(candidates: list[tuple[str, Any]], build: Any, goal: float, plan: Pl
     return candidates[-1][0], model, measured, False
 
 
-def evaluate(name: str, folder: Path, parent: LazyDecoder, splits: Any, seconds: dict[str, float]) -> dict:
+IN_DOMAIN = "in-domain"
+
+
+def evaluate(name: str, folder: Path, parent: LazyDecoder, texts: dict[str, torch.Tensor],
+             seconds: dict[str, float]) -> dict[str, Any]:
+    """Perplexity and KL to the parent on each text (the in-domain held-out split and every other domain)."""
     model = LazyDecoder(folder)
-    q = quality(model, parent, splits.evaluation)
-    return {"name": name, "params": model.arch.total_params, "pattern": model.arch.pattern,
-            "perplexity": q.perplexity, "kl": q.kl, "stage_seconds": seconds}
+    scores = {domain: quality(model, parent, ids) for domain, ids in texts.items()}
+    return {"name": name, "kind": name.split()[0], "params": model.arch.total_params, "pattern": model.arch.pattern,
+            "domains": {domain: {"perplexity": q.perplexity, "kl": q.kl} for domain, q in scores.items()},
+            "stage_seconds": seconds}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--plan", type=Path, default=ROOT / "examples" / "plans" / "smollm2-cpu.yaml")
-    parser.add_argument("--targets", type=float, nargs="+", default=[1.5, 1.25])
-    parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-puzzle")
-    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle.json")
-    args = parser.parse_args()
-    base = Plan.load(args.plan)
-    parent_dir = resolve_parent(base.parent)
+def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of: Any) -> list[dict[str, Any]]:
+    """One run: for each target, Puzzle and both baselines at its measured speed, each scored on every text."""
     parallel.init(torch.device("cpu"))  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
     parent_lazy = LazyDecoder(parent_dir)
     splits = load_splits(base, AutoTokenizer.from_pretrained(parent_dir))
+    texts = texts_of(splits)
     calibration = splits.train[:-(-base.bld_activation_tokens // base.data.seq_len)]
     inputs = capture_inputs(parent, calibration, base.bld.batch)
     influence = block_influence(parent, calibration[:16])
@@ -150,12 +154,12 @@ def main() -> int:
 
     rows: list[dict[str, Any]] = []
     first_out: Path | None = None
-    for target in args.targets:
+    for target in targets:
         plan = base.model_copy(update={"target": base.target.model_copy(update={"throughput": target})})
-        out = args.work / f"puzzle-{target}x"
+        out = work / f"puzzle-{target}x"
         if first_out is not None and not out.exists():
             shutil.copytree(first_out / "stages", out / "stages")  # same library: reuse BLD and scores
-        log(f"Puzzle at {target}x")
+        log(f"Puzzle at {target}x (seed {base.seed})")
         report = compress(plan, out)
         assert report is not None
         first_out = first_out or out
@@ -172,7 +176,7 @@ def main() -> int:
             started = time.monotonic()
             name, model, measured, reached = matched(candidates, builder, goal, plan)
             seconds = {"search": time.monotonic() - started}
-            label, folder = template.format(name), args.work / f"{kind}-{target}x"
+            label, folder = template.format(name), work / f"{kind}-{target}x"
             save_decoder(model, folder / "assembled", parent_dir)
             del model
             log(f"GKD for {label}")
@@ -182,50 +186,119 @@ def main() -> int:
                         plan.seed, log)
             seconds["gkd"] = time.monotonic() - began
             models.append((label, folder / "child", measured, reached, seconds))
+        parent_speed = speed(parent, base)  # timed beside its children, in the same run
         for label, child_dir, measured, reached, seconds in models:
-            row = evaluate(label, child_dir, parent_lazy, splits, seconds)
-            row.update(target=target, tokens_per_second=measured, reached_goal=reached)
+            row = evaluate(label, child_dir, parent_lazy, texts, seconds)
+            row.update(target=target, seed=base.seed, tokens_per_second=measured, speedup=measured / parent_speed,
+                       reached_goal=reached)
             rows.append(row)
-            log(f"{label}: ppl {row['perplexity']:.3f}, kl {row['kl']:.4f}, {measured:.1f} tokens/s")
+            log(f"{label}: " + ", ".join(f"{d} ppl {q['perplexity']:.2f} kl {q['kl']:.4f}"
+                                         for d, q in row["domains"].items()) + f", {row['speedup']:.2f}x")
     parallel.finish()
-    parent_speed = speed(parent, base)
-    parent_quality = quality(parent_lazy, parent_lazy, splits.evaluation)
-    for row in rows:
-        row["speedup"] = row["tokens_per_second"] / parent_speed
-    result = {"plan": str(args.plan), "device": "cpu", "threads": torch.get_num_threads(),
-              "parent": {"params": parent.arch.total_params, "perplexity": parent_quality.perplexity,
-                         "tokens_per_second": parent_speed},
-              "gkd_tokens": base.gkd.tokens, "bld_tokens_per_variant": base.bld.tokens, "rows": rows}
+    return rows
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def summarise(rows: list[dict[str, Any]], domains: list[str]) -> list[dict[str, Any]]:
+    """Per target and model kind: speed-up, and perplexity and KL per domain, as mean and spread over the runs;
+    for Puzzle, also how much lower its KL is than the best baseline's, per domain (from the means)."""
+    summary: list[dict[str, Any]] = []
+    for target in sorted({row["target"] for row in rows}, reverse=True):
+        kinds: dict[str, dict[str, Any]] = {}
+        for kind in ("puzzle", "drop", "uniform"):
+            mine = [row for row in rows if row["target"] == target and row["kind"] == kind]
+            kinds[kind] = {"target": target, "kind": kind, "runs": len(mine),
+                           "speedup": spread([row["speedup"] for row in mine]),
+                           "reached_goal": all(row["reached_goal"] for row in mine),
+                           **{domain: {metric: spread([row["domains"][domain][metric] for row in mine])
+                                       for metric in ("perplexity", "kl")} for domain in domains}}
+        kinds["puzzle"]["kl_below_best_baseline"] = {
+            domain: 1 - kinds["puzzle"][domain]["kl"]["mean"] / min(kinds[k][domain]["kl"]["mean"]
+                                                                    for k in ("drop", "uniform"))
+            for domain in domains}
+        summary.extend(kinds.values())
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", type=Path, default=ROOT / "examples" / "plans" / "smollm2-cpu.yaml")
+    parser.add_argument("--targets", type=float, nargs="+", default=[1.5])
+    parser.add_argument("--runs", type=int, default=3, help="runs, seeds plan.seed, plan.seed + 1, ...")
+    parser.add_argument("--out-of-domain", nargs="+", default=["news", "python-docs"],
+                        help="texts no stage reads: built-in corpora, folders or files")
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-puzzle")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle.json")
+    args = parser.parse_args()
+    base = Plan.load(args.plan)
+    parent_dir = resolve_parent(base.parent)
+    tokenizer = AutoTokenizer.from_pretrained(parent_dir)
+    other = {name: token_windows(documents(text_files(name)), tokenizer, base.data.seq_len, base.eval_tokens)
+             for name in args.out_of_domain}
+    domains = [IN_DOMAIN, *other]
+    parent = LazyDecoder(parent_dir)
+    rows: list[dict[str, Any]] = []
+    for number in range(args.runs):
+        plan = base.model_copy(update={"seed": base.seed + number})
+        rows += run(plan, parent_dir, args.targets, args.work / f"run-{number}",
+                    lambda splits: {IN_DOMAIN: splits.evaluation, **other})
+    splits = load_splits(base, tokenizer)
+    parent_quality = {domain: quality(parent, parent, ids).perplexity
+                      for domain, ids in {IN_DOMAIN: splits.evaluation, **other}.items()}
+    result = {"plan": str(args.plan), "text": base.data.text, "device": "cpu", "threads": torch.get_num_threads(),
+              "parent": {"params": parent.arch.total_params, "perplexity": parent_quality},
+              "domains": domains, "runs": args.runs, "gkd_tokens": base.gkd.tokens,
+              "bld_tokens_per_variant": base.bld.tokens, "rows": rows, "summary": summarise(rows, domains)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"parent: ppl {parent_quality.perplexity:.3f}, {parent_speed:.1f} tokens/s, {parent.arch.total_params:,} "
-          "params")
-    print(f"{'target':>6} {'model':<44} {'tok/s':>7} {'speedup':>7} {'ppl':>8} {'KL':>7} {'params':>12}")
-    for row in rows:
-        print(f"{row['target']:>6} {row['name']:<44} {row['tokens_per_second']:>7.1f} {row['speedup']:>7.3f} "
-              f"{row['perplexity']:>8.3f} {row['kl']:>7.4f} {row['params']:>12,}")
+    print(f"parent ({parent.arch.total_params:,} params): ppl " +
+          ", ".join(f"{d} {v:.2f}" for d, v in parent_quality.items()))
+    print(f"{'target':>6} {'model':<8} {'speed-up':>15} " +
+          " ".join(f"{d + ' KL':>22} {d + ' ppl':>22}" for d in domains))
+    for entry in result["summary"]:
+        cells = " ".join(f"{_cell(entry[d]['kl'], 3):>22} {_cell(entry[d]['perplexity'], 1):>22}" for d in domains)
+        print(f"{entry['target']:>6} {entry['kind']:<8} {_cell(entry['speedup'], 2):>15} {cells}")
+        if "kl_below_best_baseline" in entry:
+            print(f"{'':>6} Puzzle's KL below the best baseline's: " +
+                  ", ".join(f"{d} {v:+.0%}" for d, v in entry["kl_below_best_baseline"].items()))
     plot(result, args.results.with_suffix(".png"))
     return 0
 
 
+def _cell(values: dict[str, float], digits: int) -> str:
+    return f"{values['mean']:.{digits}f} ± {values['stdev']:.{digits}f}"
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
+    """KL to the parent per domain: each model kind's mean over the runs (bars) and each run (dots)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    markers = {"puzzle": "*", "uniform": "s", "drop": "^"}
-    for row in result["rows"]:
-        kind = row["name"].split()[0]
-        axes.scatter(row["speedup"], row["perplexity"], marker=markers[kind], s=120 if kind == "puzzle" else 60,
-                     label=f"{row['name']} ({row['target']}x target)")
-    axes.axhline(result["parent"]["perplexity"], color="grey", linestyle="--", label="parent")
-    axes.set_xlabel("measured decode speed-up vs parent (CPU, batch 1)")
-    axes.set_ylabel("held-out perplexity (Shakespeare)")
-    axes.set_title("SmolLM2-135M: Puzzle vs baselines at matched speed, same GKD budget")
-    axes.legend(fontsize=7)
-    axes.grid(alpha=0.3)
+    domains, targets = result["domains"], sorted({row["target"] for row in result["rows"]}, reverse=True)
+    kinds = [("puzzle", "Puzzle"), ("drop", "layers dropped (Block Influence)"), ("uniform", "uniform FFN width")]
+    figure, axes = plt.subplots(1, len(targets), figsize=(8 * len(targets), 4.5), squeeze=False)
+    for ax, target in zip(axes[0], targets, strict=True):
+        width = 0.8 / len(kinds)
+        for k, (kind, label) in enumerate(kinds):
+            mine = [row for row in result["rows"] if row["target"] == target and row["kind"] == kind]
+            speedups = [row["speedup"] for row in mine]
+            for d, domain in enumerate(domains):
+                kls = [row["domains"][domain]["kl"] for row in mine]
+                x = d + (k - 1) * width
+                ax.bar(x, statistics.fmean(kls), width, color=f"C{k}",
+                       label=f"{label} ({statistics.fmean(speedups):.2f}x)" if d == 0 else None)
+                ax.scatter([x] * len(kls), kls, color="black", s=8, zorder=3)
+        ax.set_xticks(range(len(domains)), domains)
+        ax.set_ylabel("KL to the parent (lower is better)")
+        ax.set_title(f"SmolLM2-135M at {target}x: {result['runs']} runs, same GKD budget, matched measured speed")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

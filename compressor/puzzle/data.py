@@ -1,16 +1,18 @@
 """Text to token sequences: a training split and two held-out splits (scoring, evaluation).
 
-A source is the built-in Shakespeare, a folder of .txt and .jsonl files, or one such file. Each .txt file is a
-document, and each line of a .jsonl file (one JSON object, its text in a field). The held-out text is a source
-of its own when the corpus states one (e.g. another domain), else every `heldout_every`-th document of the
-training source, whole, so no passage of a held-out document is ever trained on. The held-out text feeds the
-replace-1-block scores first and the report's evaluation after, on disjoint tokens, so the search is not graded
-on what it chose by; quantization and the quality gate evaluate on it too (`corpus_texts`).
+A source is a built-in corpus (`sources.TEXTS`), a folder of .txt and .jsonl files, or one such file. Each .txt
+file is a document, and each line of a .jsonl file (one JSON object, its text in a field). The held-out text is
+a source of its own when the corpus states one (e.g. another domain), else every `heldout_every`-th document of
+the training source, whole, so no passage of a held-out document is ever trained on. Windows are drawn from
+every document in turn. The held-out text feeds the replace-1-block scores first and the report's evaluation
+after, on disjoint tokens, so the search is not graded on what it chose by; quantization and the quality gate
+evaluate on it too (`corpus_texts`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +39,10 @@ class Splits:
 
 
 def text_files(text: str, field: str = "data.text") -> list[Path]:
-    """The files of a text source (`field` names it in errors): the built-in Shakespeare (modern editions, not
-    the folio duplicates), a folder's .txt and .jsonl files, or one file (JSONL if it ends in .jsonl)."""
-    if text == sources.TEXT_NAME:
-        return sorted(p for p in sources.fetch_text().glob("*.txt") if not p.name.endswith("_f.txt"))
+    """The files of a text source (`field` names it in errors): a built-in corpus (`sources.TEXTS`), a folder's
+    .txt and .jsonl files, or one file (JSONL if it ends in .jsonl)."""
+    if text in sources.TEXTS:
+        return sorted(sources.fetch_text(text).glob("*.txt"))
     path = Path(text)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".txt", JSONL) and p.is_file())
@@ -49,7 +51,8 @@ def text_files(text: str, field: str = "data.text") -> list[Path]:
         return files
     if path.is_file():
         return [path]
-    raise DataError(f"{field}: {path} is neither 'shakespeare', a folder of .txt and .jsonl files nor a file")
+    raise DataError(f"{field}: {path} is neither a built-in corpus ({', '.join(sources.TEXTS)}), a folder of .txt "
+                    "and .jsonl files nor a file")
 
 
 def _read(path: Path) -> str:
@@ -108,13 +111,43 @@ def corpus_texts(corpus: Corpus) -> tuple[list[str], list[str]]:
     return documents(files, corpus.text_field), documents(heldout, corpus.text_field)
 
 
+PIECE_CHARACTERS = 4096  # tokenized at a time: a long document is never tokenized past what is taken of it
+
+
+def _pieces(text: str, tokenizer: object, size: int) -> Iterator[list[int]]:
+    """A document's token ids, `size` at a time (the last piece shorter), tokenized a piece of text at a time,
+    cut where whitespace begins so no word is split."""
+    start, ids = 0, []
+    while start < len(text):
+        end = len(text) if len(text) - start <= PIECE_CHARACTERS else start + PIECE_CHARACTERS
+        if end < len(text):
+            space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+            end = space if space > start else end
+        ids.extend(tokenizer(text[start:end])["input_ids"])  # type: ignore[operator]
+        start = end
+        while len(ids) >= size:
+            yield ids[:size]
+            ids = ids[size:]
+    if ids:
+        yield ids
+
+
 def token_windows(texts: list[str], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
-    """Consecutive `seq_len`-token windows over the concatenated texts, up to `limit` tokens."""
+    """`seq_len`-token windows, up to `limit` tokens, over the documents taken in turn: a window's worth of
+    tokens from each document, then the next from each, so a budget smaller than the corpus still draws on every
+    document, not only the first (short documents run together, as in one stream)."""
+    streams = [_pieces(text, tokenizer, seq_len) for text in texts]
     ids: list[int] = []
-    for text in texts:
-        if len(ids) >= limit:
-            break
-        ids.extend(tokenizer(text)["input_ids"])  # type: ignore[operator]
+    while streams and len(ids) < limit:
+        alive = []
+        for stream in streams:
+            piece = next(stream, None)
+            if piece is not None:
+                ids.extend(piece)
+                alive.append(stream)
+            if len(ids) >= limit:
+                break
+        streams = alive
     usable = min(len(ids), limit) // seq_len * seq_len
     return torch.tensor(ids[:usable], dtype=torch.long).view(-1, seq_len)
 

