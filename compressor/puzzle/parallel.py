@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,20 @@ def broadcast(value: str) -> str:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return str(box[0])
+
+
+def on_main(action: Callable[[], None], what: str) -> None:
+    """Run `action` on rank 0 alone, then every rank raises if it failed: the others learn why at once instead
+    of waiting at the next collective until torchrun tears the group down."""
+    failure: Exception | None = None
+    if is_main():
+        try:
+            action()
+        except Exception as caught:  # raised below, on every rank
+            failure = caught
+    message = broadcast("" if failure is None else f"{what} failed on rank 0: {failure}")
+    if message:
+        raise RuntimeError(message) from failure
 
 
 def finish() -> None:

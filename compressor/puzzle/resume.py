@@ -106,7 +106,8 @@ class Checkpoints:
             shutil.rmtree(staging, ignore_errors=True)
         parallel.barrier()
         save(self._state(), checkpoint_id=str(staging))
-        if parallel.is_main():
+
+        def swap_in() -> None:
             write_json(staging / PROGRESS_FILE, Saved(key=self.key, step=step, losses=losses,
                                                       schedule=self.schedule.state_dict()).model_dump())
             aside = _aside(self.folder)  # the last checkpoint stays whole until the new one is in place
@@ -115,7 +116,8 @@ class Checkpoints:
                 self.folder.rename(aside)
             staging.rename(self.folder)
             shutil.rmtree(aside, ignore_errors=True)
-        parallel.barrier()
+
+        parallel.on_main(swap_in, f"the GKD checkpoint of step {step} ({self.folder})")
         self.last = time.monotonic()
         self.progress(f"gkd: checkpoint after step {step}/{self.key.steps} in {self.folder}")
 
