@@ -122,7 +122,7 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                f"plan: {error}") from error
     else:
         try:
-            batch = target_batch(spec, p.world.nodes)
+            batch = target_batch(spec, p.world.nodes, p.settings.catalog)
             plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, batch.value,
                            p.status.serving_generation)
         except (InvalidPlan, ValueError) as error:

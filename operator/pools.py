@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tailor.compressor.architecture import Architecture
 from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
-from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
@@ -93,6 +93,45 @@ def schedulable(node: dict[str, Any]) -> bool:
     return ready and not (node.get("spec") or {}).get("unschedulable") and allocatable_gpus(node) > 0
 
 
+class PoolNodes(BaseModel):
+    """A pool's Ready, schedulable nodes, their one GPU product, the fewest GPUs any of them has, and its profile;
+    or why the pool is skipped."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    members: list[dict[str, Any]] = []
+    product: str | None = None
+    gpus_per_node: int = 0
+    gpu: GpuProfile | None = None
+    skipped: str | None = None
+
+
+def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> PoolNodes:
+    """What of `nodes` the pool can serve on: the rules sizing and the build's batch both follow."""
+    matched = matching_nodes(nodes, pool.node_selector)
+    members = [node for node in matched if schedulable(node)]
+    if not matched:
+        return PoolNodes(skipped=f"no node matches nodeSelector {pool.node_selector}")
+    if not members:
+        return PoolNodes(skipped=f"none of the {len(matched)} matching node(s) is Ready and schedulable with "
+                                 f"allocatable {GPU_RESOURCE}")
+    products = {(n["metadata"].get("labels") or {}).get(PRODUCT_LABEL) for n in members}
+    if len(products) != 1 or None in products:
+        return PoolNodes(members=members, skipped=f"the pool's nodes must share one {PRODUCT_LABEL} label, found "
+                                                  f"{sorted(map(str, products))}")
+    product = str(products.pop())
+    gpu = catalog.for_product(product)
+    return PoolNodes(members=members, product=product, gpus_per_node=min(map(allocatable_gpus, members)), gpu=gpu,
+                     skipped=None if gpu else f"no GPU profile knows {PRODUCT_LABEL}={product}")
+
+
+def no_quantized_math(gpu: GpuProfile, precision: Precision) -> str | None:
+    """Why `gpu` cannot serve a `precision` checkpoint (Ampere has no FP8 math), or None."""
+    if precision is Precision.BF16 or gpu.serves_quantized:
+        return None
+    return f"{gpu.name} ({gpu.family}) has no FP8 math: it cannot serve the {precision.value} checkpoint"
+
+
 class GpuAsk(BaseModel):
     """What a pool's concurrency asks of each GPU of its schedulable nodes."""
 
@@ -101,18 +140,20 @@ class GpuAsk(BaseModel):
     why: str  # e.g. "perNode 64 over 8 GPUs"
 
 
-def gpu_ask(pool: NodePoolTarget, nodes: list[dict[str, Any]]) -> GpuAsk | None:
-    """The pool's concurrency over its schedulable nodes and their GPUs (the fewest any of them has, as
-    `plan_pool` counts them), rounded up; None without such a node."""
-    members = [node for node in matching_nodes(nodes, pool.node_selector) if schedulable(node)]
-    if not members:
-        return None
-    gpus = min(map(allocatable_gpus, members))
+def gpu_ask(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog,
+            precision: Precision) -> GpuAsk | str:
+    """The pool's concurrency over its schedulable nodes and their GPUs (as `plan_pool` counts them), rounded
+    up; or why the pool will not serve a `precision` build (as `plan_pool` skips it)."""
+    found = pool_nodes(pool, nodes, catalog)
+    if found.gpu is None or found.skipped is not None:
+        return found.skipped or "no GPU profile"
+    if (why_not := no_quantized_math(found.gpu, precision)) is not None:
+        return why_not
+    members, gpus = len(found.members), found.gpus_per_node
     per_node = pool.concurrency.per_node
     why = (f"perNode {per_node} over {gpus} GPUs" if per_node is not None
-           else f"total {pool.concurrency.total} over {len(members)} node(s) x {gpus} GPUs")
-    return GpuAsk(pool=pool.name, per_gpu=math.ceil(target_concurrency(pool, len(members)) / (len(members) * gpus)),
-                  why=why)
+           else f"total {pool.concurrency.total} over {members} node(s) x {gpus} GPUs")
+    return GpuAsk(pool=pool.name, per_gpu=math.ceil(target_concurrency(pool, members) / (members * gpus)), why=why)
 
 
 def target_concurrency(pool: NodePoolTarget, nodes: int) -> int:
@@ -128,23 +169,13 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
               catalog: GpuCatalog) -> PoolPlan:
     """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
     concurrency, on the pool's schedulable nodes."""
-    matched = matching_nodes(nodes, pool.node_selector)
-    members = [node for node in matched if schedulable(node)]
-    plan = PoolPlan(name=pool.name, nodes=sorted(n["metadata"]["name"] for n in members))
-    if not matched:
-        return plan.model_copy(update={"skipped": f"no node matches nodeSelector {pool.node_selector}"})
-    if not members:
-        return plan.model_copy(update={"skipped": f"none of the {len(matched)} matching node(s) is Ready and "
-                                                  f"schedulable with allocatable {GPU_RESOURCE}"})
-    products = {(n["metadata"].get("labels") or {}).get(PRODUCT_LABEL) for n in members}
-    if len(products) != 1 or None in products:
-        return plan.model_copy(update={"skipped": f"the pool's nodes must share one {PRODUCT_LABEL} label, "
-                                                  f"found {sorted(map(str, products))}"})
-    product = str(products.pop())
-    gpu = catalog.for_product(product)
-    plan = plan.model_copy(update={"gpu_product": product, "gpus_per_node": min(map(allocatable_gpus, members))})
-    if gpu is None:
-        return plan.model_copy(update={"skipped": f"no GPU profile knows {PRODUCT_LABEL}={product}"})
+    found = pool_nodes(pool, nodes, catalog)
+    members = found.members
+    plan = PoolPlan(name=pool.name, nodes=sorted(n["metadata"]["name"] for n in members), gpu_product=found.product,
+                    gpus_per_node=found.gpus_per_node)
+    if found.gpu is None or found.skipped is not None:
+        return plan.model_copy(update={"skipped": found.skipped})
+    gpu = found.gpu
     recipe, kv = built.recipe, built.kv_dtype
     engine = choose(gpu, built.arch, recipe.precision)
     if engine.engine is None:
@@ -153,9 +184,8 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
         recipe, kv = RECIPES["bf16"], KvDtype.BF16
     plan = plan.model_copy(update={"engine": engine.engine, "quantized": engine.quantized,
                                    "notes": [engine.note] if engine.note else []})
-    if recipe.precision is not Precision.BF16 and not gpu.serves_quantized:
-        return plan.model_copy(update={"skipped": f"{gpu.name} ({gpu.family}) has no FP8 math: it cannot serve "
-                                                  f"the {recipe.precision.value} checkpoint"})
+    if (why_not := no_quantized_math(gpu, recipe.precision)) is not None:
+        return plan.model_copy(update={"skipped": why_not})
     plan = plan.model_copy(update={"gpu_profile": gpu.name, "recipe": recipe.name, "kv_dtype": kv})
     context = deployment.context_length
     try:

@@ -29,7 +29,7 @@ from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training, problems
 from tailor.operator import names
 from tailor.operator.api import MAX_BATCH, CompressedModelSpec
-from tailor.operator.pools import gpu_ask
+from tailor.operator.pools import GpuAsk, gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
 # Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
@@ -126,31 +126,32 @@ class TargetBatch(BaseModel):
 
     value: int
     source: str
-    left_out: tuple[str, ...] = ()  # pools with no schedulable node to divide their concurrency over
+    left_out: tuple[str, ...] = ()  # "pool (why)" of each pool that will not serve the build on its nodes
 
     def message(self) -> str:
         return f"batch {self.value} per GPU from {self.source}"
 
 
-def target_batch(spec: CompressedModelSpec, nodes: list[dict[str, Any]]) -> TargetBatch:
-    """spec.compression.batch when set; else the most a pool of spec.deployment asks of each GPU of its
-    schedulable `nodes` (`pools.gpu_ask`); else 1."""
+def target_batch(spec: CompressedModelSpec, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> TargetBatch:
+    """spec.compression.batch when set; else the most a pool of spec.deployment that can serve the build asks of
+    each GPU of its schedulable `nodes` (`pools.gpu_ask`); else 1."""
     if spec.compression.batch is not None:
         return TargetBatch(value=spec.compression.batch, source="spec.compression.batch")
     if spec.deployment is None:
         return TargetBatch(value=1, source="the default: no spec.deployment to take it from")
-    asks = {pool.name: gpu_ask(pool, nodes) for pool in spec.deployment.pools}
-    left_out = tuple(name for name, ask in asks.items() if ask is None)
-    known = [ask for ask in asks.values() if ask is not None]
+    precision = resolve_precision(spec.quantization.precision, catalog.get(spec.compression.target_gpu.value))
+    asks = {pool.name: gpu_ask(pool, nodes, catalog, precision) for pool in spec.deployment.pools}
+    left_out = tuple(f"{name} ({ask})" for name, ask in asks.items() if isinstance(ask, str))
+    known = [ask for ask in asks.values() if isinstance(ask, GpuAsk)]
     if not known:
-        return TargetBatch(value=1, left_out=left_out, source="the default: no pool of spec.deployment has a "
-                           "Ready, schedulable node with GPUs yet; set spec.compression.batch to choose it")
+        return TargetBatch(value=1, left_out=left_out, source="the default: no pool of spec.deployment can serve "
+                           f"the build on its nodes yet ({'; '.join(left_out)}); set spec.compression.batch to "
+                           "choose it")
     top = max(known, key=lambda ask: ask.per_gpu)
     if top.per_gpu > MAX_BATCH:
         raise InvalidPlan(f"spec.deployment.pools: pool {top.pool} asks {top.per_gpu} concurrent requests per GPU "
                           f"({top.why}), above the {MAX_BATCH} a build is planned for; set spec.compression.batch")
-    source = f"pool {top.pool} ({top.why})" + (
-        f"; left out, with no Ready, schedulable node with GPUs: {', '.join(left_out)}" if left_out else "")
+    source = f"pool {top.pool} ({top.why})" + (f"; left out: {'; '.join(left_out)}" if left_out else "")
     return TargetBatch(value=top.per_gpu, source=source, left_out=left_out)
 
 

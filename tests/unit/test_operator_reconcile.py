@@ -223,19 +223,20 @@ def batch_events(kube: FakeKube) -> list[tuple[str, str, str]]:
 
 def test_the_build_is_planned_at_the_most_a_pool_asks_of_each_gpu_and_says_so(kube: FakeKube) -> None:
     body = manifest()  # h100: perNode 16 over 8 GPUs per node, 2 per GPU
-    body["spec"]["deployment"]["pools"][1]["concurrency"] = {"total": 40}  # a100: over 2 nodes x 4 GPUs, 5
+    body["spec"]["deployment"]["pools"][1]["concurrency"] = {"total": 40}  # a100: 5 per GPU, but no FP8 math
     kube.apply(body)
     assert step(kube).phase == "Compressing"
-    assert plan_of(kube, "m-g1-plan").puzzle.target.batch == 5
+    assert plan_of(kube, "m-g1-plan").puzzle.target.batch == 2  # the A100s cannot serve the NVFP4 build
     build = kube.status("m")["build"]
-    assert (build["batch"], build["batchSource"]) == (5, "pool a100 (total 40 over 2 node(s) x 4 GPUs)")
-    assert batch_events(kube) == [("Normal", "BatchChosen", "batch 5 per GPU from pool a100 (total 40 over 2 "
-                                                            "node(s) x 4 GPUs)")]
+    why = ("pool h100 (perNode 16 over 8 GPUs); left out: a100 (A100-40GB (ampere) has no FP8 math: it cannot "
+           "serve the nvfp4 checkpoint)")
+    assert (build["batch"], build["batchSource"]) == (2, why)
+    assert batch_events(kube) == [("Warning", "BatchChosen", f"batch 2 per GPU from {why}")]
     drive(kube, "Ready")
     pools = [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 64}}]
     kube.update_spec("m", {"deployment": {"pools": pools}})  # asks 8 of each GPU now: served from the same build
     ready = drive(kube, "Ready")
-    assert ready.status.build is not None and (ready.status.build.generation, ready.status.build.batch) == (1, 5)
+    assert ready.status.build is not None and (ready.status.build.generation, ready.status.build.batch) == (1, 2)
     assert len(batch_events(kube)) == 1
     kube.update_spec("m", {"compression": {"batch": 8}})  # setting it is a build input: a new build
     step(kube)
@@ -273,7 +274,7 @@ def test_without_nodes_to_ask_the_build_is_planned_at_batch_1_with_a_warning() -
     assert plan_of(kube, "m-g1-plan").puzzle.target.batch == 1
     ((kind, _, message),) = batch_events(kube)
     assert kind == "Warning" and message.startswith("batch 1 per GPU from the default: no pool of spec.deployment "
-                                                    "has a Ready, schedulable node with GPUs yet")
+                                                    "can serve the build on its nodes yet (h100 (no node matches")
     kube.node_list.extend(ready_nodes())  # the pools scale up: the build under way is not planned again
     ready = drive(kube, "Ready")
     assert ready.status.build is not None and (ready.status.build.generation, ready.status.build.batch) == (1, 1)

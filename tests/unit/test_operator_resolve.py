@@ -33,9 +33,12 @@ def example(**compression: Any) -> CompressedModel:
     return CompressedModel.model_validate(body)
 
 
-def serving_on(*pools: tuple[str, dict[str, str], dict[str, int]], **compression: Any) -> CompressedModelSpec:
-    """The H100 example served on `pools`: (name, nodeSelector, concurrency)."""
+def serving_on(*pools: tuple[str, dict[str, str], dict[str, int]], precision: str = "none",
+               **compression: Any) -> CompressedModelSpec:
+    """The H100 example served on `pools`: (name, nodeSelector, concurrency); BF16 unless `precision` says, so
+    any pool's GPUs can serve it."""
     body = example(**compression).model_dump(by_alias=True, exclude_none=True)
+    body["spec"]["quantization"]["precision"] = precision
     body["spec"]["deployment"]["pools"] = [{"name": name, "nodeSelector": selector, "concurrency": concurrency}
                                            for name, selector, concurrency in pools]
     return CompressedModel.model_validate(body).spec
@@ -46,7 +49,7 @@ OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "1a2b3c4d-0000"}}
 
 def test_the_h100_example_becomes_a_plan_with_absolute_caps_and_a_memory_budget() -> None:
     spec = example(latencyFactor=0.5, throughputFactor=1.5, batch=8, requestTokensPerSecond=100).spec
-    plan = compression_plan(spec, target_batch(spec, []).value, Precision.NVFP4)
+    plan = compression_plan(spec, target_batch(spec, [], CATALOG).value, Precision.NVFP4)
     target = plan.model_dump(by_alias=True, exclude_none=True)["target"]
     assert target == {"gpu": "H100-80GB", "precision": "nvfp4", "kvDtype": "bf16", "batch": 8, "context": 1_000_000,
                       "throughput": 2.0,  # per-token latency x0.5 at the batch is 2x decode throughput
@@ -68,37 +71,48 @@ def test_plan_overrides_merge_and_unknown_fields_fail_with_the_field() -> None:
 
 def test_the_batch_is_what_the_pools_ask_of_each_gpu_of_their_nodes() -> None:
     # the example's h100 pool: perNode 64 over 8 GPUs per node, the 8 requests per H100 of its memory budget
-    assert target_batch(example().spec, NODES) == TargetBatch(value=8, source="pool h100 (perNode 64 over 8 GPUs)")
-    assert target_batch(serving_on(("h100", H100, {"perNode": 20})), NODES).value == 3  # 2.5, rounded up
-    total = target_batch(serving_on(("a100", A100, {"total": 20})), NODES)
+    assert target_batch(example().spec, NODES, CATALOG) == TargetBatch(value=8,
+                                                                       source="pool h100 (perNode 64 over 8 GPUs)")
+    assert target_batch(serving_on(("h100", H100, {"perNode": 20})), NODES, CATALOG).value == 3  # 2.5, rounded up
+    total = target_batch(serving_on(("a100", A100, {"total": 20})), NODES, CATALOG)
     assert total == TargetBatch(value=3, source="pool a100 (total 20 over 2 node(s) x 4 GPUs)")  # 2.5 per GPU
     # only Ready, schedulable nodes with GPUs count, as when the pool is sized: half the nodes, twice the ask
     h100s = [n for n in NODES if n["metadata"]["labels"].get("nvidia.com/gpu.product") == H100[
         "nvidia.com/gpu.product"]]
     cordoned = [{**n, "spec": {"unschedulable": True}} if n is h100s[0] else n for n in NODES]
-    assert target_batch(serving_on(("h100", H100, {"total": 64})), NODES).value == 4
-    assert target_batch(serving_on(("h100", H100, {"total": 64})), cordoned).value == 8
+    assert target_batch(serving_on(("h100", H100, {"total": 64})), NODES, CATALOG).value == 4
+    assert target_batch(serving_on(("h100", H100, {"total": 64})), cordoned, CATALOG).value == 8
     # the plan's memory and throughput constraints are computed at it
     spec = example().spec
-    assert compression_plan(spec, target_batch(spec, NODES).value, Precision.NVFP4).target.batch == 8
+    assert compression_plan(spec, target_batch(spec, NODES, CATALOG).value, Precision.NVFP4).target.batch == 8
 
 
 def test_the_batch_is_the_most_any_pool_asks_of_a_gpu() -> None:
     spec = serving_on(("h100", H100, {"perNode": 24}), ("a100", A100, {"total": 40}), ("l40s", L40S, {"perNode": 8}),
                       ("gone", {"pool": "none"}, {"perNode": 4096}))
-    assert target_batch(spec, NODES) == TargetBatch(  # 3, 5 and 4 per GPU; no node to divide 4096 over
-        value=5, left_out=("gone",), source="pool a100 (total 40 over 2 node(s) x 4 GPUs); left out, with no "
-                                             "Ready, schedulable node with GPUs: gone")
+    gone = "gone (no node matches nodeSelector {'pool': 'none'})"
+    assert target_batch(spec, NODES, CATALOG) == TargetBatch(  # 3, 5 and 4 per GPU; no node to divide 4096 over
+        value=5, left_out=(gone,), source=f"pool a100 (total 40 over 2 node(s) x 4 GPUs); left out: {gone}")
+
+
+def test_a_pool_that_cannot_serve_the_build_does_not_set_its_batch() -> None:
+    pools = (("h100", H100, {"perNode": 24}), ("a100", A100, {"total": 40}))  # 3 and 5 per GPU
+    fp8 = target_batch(serving_on(*pools, precision="fp8"), NODES, CATALOG)  # A100 has no FP8 math
+    assert fp8.value == 3 and fp8.left_out == ("a100 (A100-40GB (ampere) has no FP8 math: it cannot serve the fp8 "
+                                               "checkpoint)",)
+    assert target_batch(serving_on(*pools), NODES, CATALOG).value == 5  # BF16: both serve it
 
 
 def test_an_explicit_batch_wins_and_without_nodes_or_pools_the_batch_is_1() -> None:
-    assert target_batch(example(batch=2).spec, NODES) == TargetBatch(value=2, source="spec.compression.batch")
-    assert target_batch(example(batch=1).spec, []).value == 1
-    unknown = target_batch(example().spec, [])
-    assert (unknown.value, unknown.left_out) == (1, ("h100",)) and "set spec.compression.batch" in unknown.source
-    assert target_batch(example().spec.model_copy(update={"deployment": None}), NODES).value == 1
+    assert target_batch(example(batch=2).spec, NODES, CATALOG) == TargetBatch(value=2, source="spec.compression.batch")
+    assert target_batch(example(batch=1).spec, [], CATALOG).value == 1
+    unknown = target_batch(example().spec, [], CATALOG)
+    assert unknown.value == 1 and unknown.left_out == ("h100 (no node matches nodeSelector {'nvidia.com/gpu.product': "
+                                                       "'NVIDIA-H100-80GB-HBM3'})",)
+    assert "set spec.compression.batch" in unknown.source
+    assert target_batch(example().spec.model_copy(update={"deployment": None}), NODES, CATALOG).value == 1
     with pytest.raises(InvalidPlan, match="pool l40s asks 250000 concurrent requests per GPU"):
-        target_batch(serving_on(("l40s", L40S, {"total": 500_000})), NODES)  # above Puzzle's 4096
+        target_batch(serving_on(("l40s", L40S, {"total": 500_000})), NODES, CATALOG)  # above Puzzle's 4096
 
 
 def test_auto_is_resolved_once_for_the_target_and_the_plan_says_so() -> None:
