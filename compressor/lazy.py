@@ -134,13 +134,14 @@ class LazyDecoder:
                     for name in wanted:
                         tensor = handle.get_tensor(name)
                         if self._as_stored(name, tensor):  # quantized weights and their scales
-                            out[name.removeprefix(strip)] = tensor.to(self.device)
+                            out[name.removeprefix(strip)] = tensor.to(self.device, copy=True)
                             continue
                         if tuple(tensor.shape) != self.shapes[name]:
                             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
                                                   f"config.json gives {self.shapes[name]}")
                         keep = tensor.dtype if name.endswith("e_score_correction_bias") else dtype or self.dtype
-                        out[name.removeprefix(strip)] = tensor.to(self.device, keep)
+                        # a copy even when nothing converts: a view would pin the file's whole mapping
+                        out[name.removeprefix(strip)] = tensor.to(self.device, keep, copy=True)
             except (SafetensorError, OSError) as error:
                 raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
         return out

@@ -12,7 +12,6 @@ where it stopped.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import zlib
@@ -27,11 +26,13 @@ from tailor.compressor.checkpoint import CheckpointError
 from tailor.compressor.files import save_tensors
 from tailor.compressor.lazy import LazyDecoder, materialise
 from tailor.compressor.modeling import Branch, HybridLayer, Layer, build_branch, residual
-from tailor.compressor.puzzle import parallel
+from tailor.compressor.puzzle import parallel, peaks
 from tailor.compressor.puzzle.activations import Progress, slot_file
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.plan import Training
+
+EVAL_ROWS = 8  # captured rows a no-grad pass runs at once: a Mamba scan's per-chunk states grow with them
 
 
 def normalised_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -66,17 +67,28 @@ def load_branch(path: Path, fresh: Branch, device: torch.device, dtype: torch.dt
     return fresh
 
 
+@torch.no_grad()
+def _outputs(branch: Branch, inputs: torch.Tensor) -> torch.Tensor:
+    """The branch's contribution to the residual stream on every captured row, EVAL_ROWS rows at a time."""
+    return torch.cat([residual(branch, rows) - rows for rows in inputs.split(EVAL_ROWS)])
+
+
+@torch.no_grad()
+def _nmse(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """`normalised_mse` over every captured row, EVAL_ROWS rows at a time."""
+    error = scale = 0.0
+    for rows, wanted in zip(inputs.split(EVAL_ROWS), targets.split(EVAL_ROWS), strict=True):
+        error += float((residual(branch, rows) - rows - wanted).pow(2).sum())
+        scale += float(wanted.pow(2).sum())
+    return error / max(scale, 1e-12 * targets.numel())
+
+
 def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget: Training,
-            generator: torch.Generator) -> float:
-    """Train `branch` in place on (inputs -> targets) for budget.tokens tokens; the final normalised MSE.
-    Training never makes a variant worse than its initialisation: if it did, the initial weights stay."""
+            generator: torch.Generator) -> tuple[float, float]:
+    """Train `branch` in place on (inputs -> targets) for budget.tokens tokens; its normalised MSE before and
+    after. Gradients and the optimiser's state are freed before the final evaluation."""
     assert branch is not None
-
-    def evaluate() -> float:
-        with torch.no_grad():
-            return float(normalised_mse(residual(branch, inputs) - inputs, targets))
-
-    initial, initial_state = evaluate(), copy.deepcopy(_modules(branch).state_dict())
+    initial = _nmse(branch, inputs, targets)
     params = [p for module in branch for p in module.parameters()]
     optimiser = torch.optim.AdamW(params, lr=budget.lr, weight_decay=0.0)
     seq_len = inputs.shape[1]
@@ -92,11 +104,9 @@ def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget:
         loss.backward()  # type: ignore[no-untyped-call]
         optimiser.step()
         schedule.step()
-    final = evaluate()
-    if final > initial:
-        _modules(branch).load_state_dict(initial_state)
-        return initial
-    return final
+    optimiser.zero_grad(set_to_none=True)
+    del optimiser, schedule, loss
+    return initial, _nmse(branch, inputs, targets)
 
 
 def trained(variant: Variant) -> bool:
@@ -125,14 +135,16 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
         inputs = load_activations(slot_file(activations, slot.index), "train", model.device)
         layer = model.layer(slot.layer)
         current = layer.branch(slot.kind)
-        with torch.no_grad():
-            targets = residual(current, inputs) - inputs
+        targets = _outputs(current, inputs)
         for variant in (v for v in todo if v.slot == slot_index):
             branch = init_variant(variant, current, inputs, model.settings)
             generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
-            loss = distill(branch, inputs, targets, budget, generator)
+            initial, loss = distill(branch, inputs, targets, budget, generator)
+            if loss > initial:  # training never leaves a variant worse than its initialisation: rebuild that
+                branch, loss = init_variant(variant, current, inputs, model.settings), initial
             save_branch(checkpoint_file(folder, variant), branch, loss)
             del branch
+            peaks.release_freed_memory()
             done += 1
             eta = (time.monotonic() - started) / done * (len(todo) - done)
             progress(f"bld: {done}/{len(todo)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "

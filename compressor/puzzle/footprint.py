@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Architecture, Part
+from tailor.compressor.architecture import Architecture, Attention, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.hardware import GpuProfile, Precision
 from tailor.compressor.puzzle.options import is_hybrid, part_options
 from tailor.compressor.puzzle.plan import Plan
@@ -31,6 +31,10 @@ CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times the
 FROZEN_BYTES = 4  # per frozen (streamed) parameter: the pipeline reads every model in float32, on a GPU too
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
+CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache once BLD has trained on a CPU
+TRAIN_BYTES = 18  # per trained parameter: float32 weight, its gradient, AdamW's two moments, a BF16 autocast copy
+EVAL_ROWS = 8  # captured rows a BLD no-grad pass runs at once (`bld.EVAL_ROWS`)
+MAMBA_CHUNK = 256  # tokens per quadratic Mamba-2 scan (`mamba.CHUNK`)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
                f"each rank's runtime overhead is assumed: {GPU_RUNTIME_GIB:g} GiB on a GPU, {CPU_RUNTIME_GIB:g} GiB "
                "on a CPU",
@@ -126,12 +130,40 @@ def activation_bytes(arch: Architecture, tokens: int) -> int:
     return tokens * arch.hidden_size * 4
 
 
+def training_bytes_per_token(part: Part, hidden: int, seq: int) -> int:
+    """What one BF16-autocast BLD step saves for backward, per token (measured with saved-tensor hooks on the
+    CPU, rounded up): a Mamba-2 scan's per-chunk states grow with its chunk, a MoE with its top-k experts."""
+    if isinstance(part, Mamba):
+        return (36 * part.inner + 8 * part.num_heads * (part.state_size + min(seq, MAMBA_CHUNK)) + 4 * part.conv_dim
+                + 8 * hidden)
+    if isinstance(part, Moe):
+        latent = part.latent_size or hidden
+        return 8 * hidden + 8 * latent + part.top_k * (2 * latent + 6 * part.expert_width) + 6 * part.shared_width
+    if isinstance(part, Attention):  # SDPA: no sequence x sequence scores kept
+        return 6 * hidden + 6 * (part.num_heads + 2 * part.num_kv_heads) * part.head_dim
+    if isinstance(part, Mlp):
+        return 4 * hidden + (10 if part.gated else 5) * part.intermediate_size
+    return 8 * hidden
+
+
+def inference_bytes_per_token(part: Part, hidden: int, seq: int) -> int:
+    """What a float32 no-grad pass of the part holds at its peak, per token (the same measurement)."""
+    if isinstance(part, Mamba):
+        projected = part.inner + part.conv_dim + part.num_heads
+        return 4 * (2 * projected + 3 * part.conv_dim + 4 * part.inner
+                    + part.num_heads * (4 * part.state_size + min(seq, MAMBA_CHUNK)) + 4 * hidden)
+    if isinstance(part, Moe):
+        latent = part.latent_size or hidden
+        return 4 * (2 * hidden + 2 * latent + part.top_k * part.expert_width + part.shared_width)
+    if isinstance(part, Attention):
+        return 4 * (3 * hidden + (part.num_heads + 2 * part.num_kv_heads) * part.head_dim)
+    if isinstance(part, Mlp):
+        return 4 * (2 * hidden + (3 if part.gated else 2) * part.intermediate_size)
+    return 8 * hidden
+
+
 def block_params(arch: Architecture) -> list[int]:
     return [int(sum(block.params(arch.hidden_size).values())) for block in arch.blocks]
-
-
-def largest_part_params(arch: Architecture) -> int:
-    return max(int(sum(part.params(arch.hidden_size).values())) for block in arch.blocks for part in block.parts())
 
 
 def vocab_bytes(arch: Architecture, per_param: int) -> int:
@@ -190,10 +222,29 @@ class _Model:
                 "activations": 2 * activation_bytes(self.arch, tokens)}
 
     def bld(self) -> dict[str, int]:
-        return {"block and variant (fp32)": 2 * self.block_max * 4,
-                "grads and AdamW (fp32)": 12 * largest_part_params(self.arch),
-                "inputs and targets": 2 * activation_bytes(self.arch, self.plan.bld_activation_tokens),
-                "training activations": self.plan.bld.batch * self.seq * self.hidden * 4 * 8}
+        """The worst slot a rank can be dealt: its whole layer in float32, the captured rows and their targets,
+        and its most demanding trained variant at its peak: a training step, the variant's initialisation (the
+        parent part over every captured row) or the final evaluation (EVAL_ROWS rows at a time)."""
+        arch, plan, hidden, seq = self.arch, self.plan, self.hidden, self.seq
+        rows = math.ceil(plan.bld_activation_tokens / seq) * seq  # whole sequences, as the pipeline captures them
+        step, evaluated = plan.bld.batch * seq, min(rows, EVAL_ROWS * seq)
+        worst: dict[str, int] = {}
+        hybrid = is_hybrid(arch)
+        for index, block in enumerate(arch.blocks):
+            layer = 4 * int(sum(block.params(hidden).values()))
+            for part in block.parts():
+                for variant in part_options(part, part, index, plan.library, plan.engine, hybrid)[1:]:
+                    if isinstance(variant, NoOp):
+                        continue
+                    params = int(sum(variant.params(hidden).values()))
+                    peak = max(TRAIN_BYTES * params + step * training_bytes_per_token(variant, hidden, seq),
+                               4 * params + rows * inference_bytes_per_token(part, hidden, seq),
+                               4 * params + evaluated * inference_bytes_per_token(variant, hidden, seq))
+                    terms = {"the slot's layer (fp32)": layer, "a variant at its peak": peak}
+                    if sum(terms.values()) > sum(worst.values()):
+                        worst = terms
+        kernels = round(CPU_KERNELS_GIB * GIB) if self.gpu.family == "cpu" else 0
+        return {**worst, "inputs and targets": 2 * activation_bytes(arch, rows), "BF16 kernels (CPU)": kernels}
 
     def scoring(self, ranks: int) -> dict[str, int]:
         tokens = self.plan.scoring_tokens

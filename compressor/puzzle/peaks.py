@@ -13,13 +13,21 @@ import torch
 STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
+def release_freed_memory() -> None:
+    """Give the memory glibc's heap holds free back to the system (`malloc_trim`; a no-op off glibc). BLD calls
+    it after each variant: a MoE variant's experts see new token counts, so new tensor sizes, at every step, and
+    without it a NemotronH rank's resident set grew to 2.6 times what BLD holds. (Lowering glibc's mmap
+    threshold instead kept it flat too, but slowed BF16 training on the CPU by about 30%.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def reset() -> None:
     """Start a new peak: unreachable objects are collected (a sharded model is held in reference cycles), freed
     heap memory goes back to the system (glibc `malloc_trim`), then the resident set's high-water mark drops to
     the current size."""
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_freed_memory()
     with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak is then the lifetime peak
         CLEAR.write_text("5")
     if torch.cuda.is_available():

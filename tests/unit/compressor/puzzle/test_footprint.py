@@ -101,3 +101,26 @@ def test_the_default_library_can_make_the_published_child() -> None:
     assert part_options(attention, attention, 5, library, hybrid=True) == [attention]
     shrinkable = library.model_copy(update={"keep_attention": False})
     assert len(part_options(attention, attention, 5, shrinkable, hybrid=True)) > 1
+
+
+def test_bld_holds_one_slot_and_its_most_demanding_trained_variant() -> None:
+    b200 = CATALOG.get("B200-180GB")
+    bld = next(need for need in footprint(SUPER, PUBLISHED, b200, gpus_per_node=8, nodes=2).stages
+               if need.stage == "bld")
+    assert set(bld.parts) == {"the slot's layer (fp32)", "a variant at its peak", "inputs and targets",
+                              "BF16 kernels (CPU)", "runtime"}
+    assert bld.parts["BF16 kernels (CPU)"] == 0  # a CPU-only term
+    # a Mamba-2 scan keeps per-chunk states that grow with the chunk: longer rows, a larger step
+    data = PUBLISHED.data.model_copy(update={"seq_len": 4 * PUBLISHED.data.seq_len})
+    longer = PUBLISHED.model_copy(update={"data": data})
+    longer_bld = next(need for need in footprint(SUPER, longer, b200, gpus_per_node=8, nodes=2).stages
+                      if need.stage == "bld")
+    assert longer_bld.parts["a variant at its peak"] > bld.parts["a variant at its peak"]
+
+
+def test_the_model_follows_the_code_it_describes() -> None:
+    from tailor.compressor import mamba
+    from tailor.compressor.puzzle import bld
+    from tailor.compressor.puzzle import footprint as model
+
+    assert (model.MAMBA_CHUNK, model.EVAL_ROWS) == (mamba.CHUNK, bld.EVAL_ROWS)
