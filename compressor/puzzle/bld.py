@@ -70,14 +70,14 @@ def load_branch(path: Path, fresh: Branch, device: torch.device, dtype: torch.dt
 @torch.no_grad()
 def _outputs(branch: Branch, inputs: torch.Tensor) -> torch.Tensor:
     """The branch's contribution to the residual stream on every captured row, EVAL_ROWS rows at a time."""
-    return torch.cat([residual(branch, rows) - rows for rows in inputs.split(EVAL_ROWS)])
+    return torch.cat([residual(branch, rows) - rows for rows in torch.split(inputs, EVAL_ROWS)])
 
 
 @torch.no_grad()
 def _nmse(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     """`normalised_mse` over every captured row, EVAL_ROWS rows at a time."""
     error = scale = 0.0
-    for rows, wanted in zip(inputs.split(EVAL_ROWS), targets.split(EVAL_ROWS), strict=True):
+    for rows, wanted in zip(torch.split(inputs, EVAL_ROWS), torch.split(targets, EVAL_ROWS), strict=True):
         error += float((residual(branch, rows) - rows - wanted).pow(2).sum())
         scale += float(wanted.pow(2).sum())
     return error / max(scale, 1e-12 * targets.numel())
