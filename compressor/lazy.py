@@ -134,14 +134,17 @@ class LazyDecoder:
                     for name in wanted:
                         tensor = handle.get_tensor(name)
                         if self._as_stored(name, tensor):  # quantized weights and their scales
-                            out[name.removeprefix(strip)] = tensor.to(self.device, copy=True)
+                            out[name.removeprefix(strip)] = tensor.to(self.device)
                             continue
                         if tuple(tensor.shape) != self.shapes[name]:
                             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
                                                   f"config.json gives {self.shapes[name]}")
-                        keep = tensor.dtype if name.endswith("e_score_correction_bias") else dtype or self.dtype
-                        # a copy even when nothing converts: a view would pin the file's whole mapping
-                        out[name.removeprefix(strip)] = tensor.to(self.device, keep, copy=True)
+                        if name.endswith("e_score_correction_bias"):
+                            # kept as stored, and copied: a view would keep the file mapped, and with it every
+                            # page this layer's conversions read
+                            out[name.removeprefix(strip)] = tensor.to(self.device, copy=True)
+                            continue
+                        out[name.removeprefix(strip)] = tensor.to(self.device, dtype or self.dtype)
             except (SafetensorError, OSError) as error:
                 raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
         return out
