@@ -26,6 +26,7 @@ from tailor.compressor.puzzle.plan import Corpus, Plan
 
 JSONL = ".jsonl"
 PIECE_CHARACTERS = 4096  # read and tokenized at a time: a document is never read past what is taken of it
+MAX_UNBROKEN = 16 * PIECE_CHARACTERS  # characters without whitespace tokenized as they are
 
 
 class DataError(ValueError):
@@ -146,11 +147,12 @@ def _last_lines(document: Document, every: int) -> tuple[Document, Document]:
         cut = count - max(1, count // every)
         return replace(document, lines=(0, cut)), replace(document, lines=(cut, None))
     try:
-        with document.path.open("rb") as file:
-            lengths = [len(line) for line in file]
+        with document.path.open("rb") as file:  # two passes, nothing kept: count the lines, then find the cut
+            count = sum(1 for _ in file)
+            file.seek(0)
+            offset = sum(len(next(file)) for _ in range(count - max(1, count // every)))
     except OSError as error:
         raise DataError(f"{document.path}: cannot read the text ({error.strerror})") from error
-    offset = sum(lengths[:len(lengths) - max(1, len(lengths) // every)])
     return replace(document, end=offset), replace(document, start=offset)
 
 
@@ -187,9 +189,10 @@ def _pieces(document: Document, tokenizer: object, size: int) -> Iterator[list[i
     for chunk in itertools.chain(document.chunks(), [None]):  # None: the end, where the rest is tokenized too
         text = rest + (chunk or "")
         cut = len(text) if chunk is None else max(text.rfind(" "), text.rfind("\n"))
-        if cut <= 0:
+        if cut <= 0 and len(text) < MAX_UNBROKEN:
             rest = text
             continue
+        cut = cut if cut > 0 else len(text)  # text without spaces (Chinese, say): cut where it is
         text, rest = text[:cut], text[cut:]
         ids.extend(tokenizer(text)["input_ids"])  # type: ignore[operator]
         while len(ids) >= size:

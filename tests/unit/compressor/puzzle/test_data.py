@@ -200,3 +200,16 @@ def test_a_long_document_is_read_and_tokenized_a_piece_at_a_time_as_it_is_whole(
     whole = tokenizer(document.text())["input_ids"]  # type: ignore[operator]
     windows = token_windows([document], tokenizer, 128, 10**7)
     assert windows.flatten().tolist() == whole[:len(whole) // 128 * 128]
+
+
+def test_text_without_spaces_is_still_read_a_piece_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "unbroken.txt"
+    path.write_text("字" * 200_000)
+    seen: list[int] = []
+
+    def counting(text: str) -> dict[str, list[int]]:
+        seen.append(len(text))
+        return characters(text)
+
+    assert token_windows([Document(path)], counting, 64, 640).numel() == 640
+    assert max(seen) <= 17 * 4096  # never the whole document at once
