@@ -50,7 +50,8 @@ def test_bad_floors_untrained_parents_and_missing_text_are_refused(tiny_parent: 
     with pytest.raises(ValueError, match="--min-retention must be in"):
         evaluate(tiny_hybrid, tiny_hybrid, 1.5)
     with pytest.raises(ValueError, match="predicts none of the 512 held-out tokens"):
-        evaluate(tiny_parent, tiny_parent, 0.9, seq_len=64, eval_tokens=512)  # random weights
+        evaluate(tiny_parent, tiny_parent, 0.9, Corpus(text="shakespeare"), seq_len=64,  # random weights
+                 eval_tokens=512)
     assert main(["evaluate", "--model", str(tiny_hybrid), "--parent", str(tiny_hybrid), "--text",
                  "/nowhere/at/all"]) == 1
 
