@@ -12,7 +12,8 @@ this process, and scored on the same text: the plan's held-out documents (in-dom
 corpus no stage trains on) and corpora of other genres no stage ever reads (out-of-domain: news articles and
 Python's reference documentation by default). The summary gives each model's mean and spread over the runs.
 
-    .venv/bin/python bench/puzzle.py      # 3 runs at 1.5x, ~25 min each on 2 cores; bench/results/puzzle.{json,png}
+    .venv/bin/python bench/puzzle.py      # 3 runs at 1.5x, ~15 min each on 2 cores; bench/results/puzzle.{json,png}
+    .venv/bin/python bench/puzzle.py --runs 1 --set rounds=2 --results build/puzzle-rounds2.json   # a plan variant
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from tailor.compressor.architecture import Block, Mlp, NoOp, Part
@@ -38,7 +41,7 @@ from tailor.compressor.puzzle.data import documents, load_splits, text_files, to
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.pipeline import resolve_parent
-from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.puzzle.plan import Plan, problems
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -224,6 +227,25 @@ def summarise(rows: list[dict[str, Any]], domains: list[str]) -> list[dict[str, 
     return summary
 
 
+def with_settings(plan: Plan, settings: list[str]) -> Plan:
+    """`plan` with FIELD=VALUE settings: FIELD a dotted path as the plan file spells it (`data.seqLen`), VALUE
+    read as YAML."""
+    data = plan.model_dump(mode="json", by_alias=True)
+    for setting in settings:
+        path, _, value = setting.partition("=")
+        *parents, leaf = path.split(".")
+        node: Any = data
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            raise SystemExit(f"--set {setting}: the plan has no field {path!r}")
+        node[leaf] = yaml.safe_load(value)
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as error:
+        raise SystemExit(f"--set {' '.join(settings)}: {problems(error)}") from error
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", type=Path, default=ROOT / "examples" / "plans" / "smollm2-cpu.yaml")
@@ -231,10 +253,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs, seeds plan.seed, plan.seed + 1, ...")
     parser.add_argument("--out-of-domain", nargs="+", default=["news", "python-docs"],
                         help="texts no stage reads: built-in corpora, folders or files")
+    parser.add_argument("--set", dest="settings", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="change the plan's fields, e.g. rounds=2 data.seqLen=512")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-puzzle")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle.json")
     args = parser.parse_args()
-    base = Plan.load(args.plan)
+    base = with_settings(Plan.load(args.plan), args.settings)
     parent_dir = resolve_parent(base.parent)
     tokenizer = AutoTokenizer.from_pretrained(parent_dir)
     other = {name: token_windows(documents(text_files(name)), tokenizer, base.data.seq_len, base.eval_tokens)
@@ -249,7 +273,8 @@ def main() -> int:
     splits = load_splits(base, tokenizer)
     parent_quality = {domain: quality(parent, parent, ids).perplexity
                       for domain, ids in {IN_DOMAIN: splits.evaluation, **other}.items()}
-    result = {"plan": str(args.plan), "text": base.data.text, "device": "cpu", "threads": torch.get_num_threads(),
+    result = {"plan": str(args.plan), "settings": args.settings, "text": base.data.text, "device": "cpu",
+              "threads": torch.get_num_threads(),
               "parent": {"params": parent.arch.total_params, "perplexity": parent_quality},
               "domains": domains, "runs": args.runs, "gkd_tokens": base.gkd.tokens,
               "bld_tokens_per_variant": base.bld.tokens, "rows": rows, "summary": summarise(rows, domains)}
