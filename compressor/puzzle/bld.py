@@ -32,7 +32,8 @@ from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.plan import Training
 
-EVAL_ROWS = 8  # captured rows a no-grad pass runs at once: a Mamba scan's per-chunk states grow with them
+EVAL_ROWS = 8  # captured rows a no-grad pass (a variant's initialisation too) runs at once: a Mamba scan's
+               # per-chunk states grow with them
 
 
 def normalised_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -137,11 +138,11 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
         current = layer.branch(slot.kind)
         targets = _outputs(current, inputs)
         for variant in (v for v in todo if v.slot == slot_index):
-            branch = init_variant(variant, current, inputs, model.settings)
+            branch = init_variant(variant, current, inputs, model.settings, EVAL_ROWS)
             generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
             initial, loss = distill(branch, inputs, targets, budget, generator)
-            if loss > initial:  # training never leaves a variant worse than its initialisation: rebuild that
-                branch, loss = init_variant(variant, current, inputs, model.settings), initial
+            if not loss <= initial:  # a variant training made worse (or NaN) is rebuilt as initialised
+                branch, loss = init_variant(variant, current, inputs, model.settings, EVAL_ROWS), initial
             save_branch(checkpoint_file(folder, variant), branch, loss)
             del branch
             peaks.release_freed_memory()

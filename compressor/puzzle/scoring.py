@@ -38,10 +38,11 @@ class Score(BaseModel):
 
 
 def kl_and_loss(reference_logprobs: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor) -> tuple[float, float]:
-    """Mean KL(reference || model) and LM loss over next-token predictions (positions 0..n-2)."""
+    """Mean KL(reference || model) and LM loss over next-token predictions (positions 0..n-2). A position's KL is
+    never negative; float32 round-off can make one of a nearly unchanged model's about -1e-9, which is taken as 0."""
     logprobs = F.log_softmax(logits[:, :-1].float(), -1)
     reference = reference_logprobs[:, :-1].float()
-    kl = (reference.exp() * (reference - logprobs)).sum(-1).mean()
+    kl = (reference.exp() * (reference - logprobs)).sum(-1).clamp_min(0).mean()
     loss = F.nll_loss(logprobs.reshape(-1, logprobs.shape[-1]), ids[:, 1:].reshape(-1))
     return float(kl), float(loss)
 
