@@ -36,7 +36,7 @@ from tailor.compressor.architecture import Block, Mlp, NoOp, Part
 from tailor.compressor.checkpoint import load_decoder, save_decoder
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import Branch, Decoder
-from tailor.compressor.puzzle import gkd, parallel
+from tailor.compressor.puzzle import bld, gkd, parallel
 from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
 from tailor.compressor.puzzle.library import Variant, init_variant
@@ -93,7 +93,7 @@ def uniform_ffn(parent: Decoder, width: int, inputs: list[torch.Tensor]) -> Deco
         part = Mlp(intermediate_size=width, gated=True) if slot.kind == "ffn" else slot.part
         variant = Variant(slot=slot.index, kind=slot.kind, part=part, is_current=part == slot.part)
         chosen.append((part, init_variant(variant, parent.layer(slot).branch(slot.kind), inputs[slot.index],
-                                          parent.settings)))
+                                          parent.settings, bld.EVAL_ROWS)))
     return build(parent, chosen)
 
 

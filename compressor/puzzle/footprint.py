@@ -224,7 +224,7 @@ class _Model:
     def bld(self) -> dict[str, int]:
         """The worst slot a rank can be dealt: its whole layer in float32, the captured rows and their targets,
         and its most demanding trained variant at its peak: a training step, the variant's initialisation (the
-        parent part over every captured row) or the final evaluation (EVAL_ROWS rows at a time)."""
+        parent part's statistics, EVAL_ROWS rows at a time) or the final evaluation (as many rows at a time)."""
         arch, plan, hidden, seq = self.arch, self.plan, self.hidden, self.seq
         rows = math.ceil(plan.bld_activation_tokens / seq) * seq  # whole sequences, as the pipeline captures them
         step, evaluated = plan.bld.batch * seq, min(rows, EVAL_ROWS * seq)
@@ -238,7 +238,7 @@ class _Model:
                         continue
                     params = int(sum(variant.params(hidden).values()))
                     peak = max(TRAIN_BYTES * params + step * training_bytes_per_token(variant, hidden, seq),
-                               4 * params + rows * inference_bytes_per_token(part, hidden, seq),
+                               4 * params + evaluated * inference_bytes_per_token(part, hidden, seq),
                                4 * params + evaluated * inference_bytes_per_token(variant, hidden, seq))
                     terms = {"the slot's layer (fp32)": layer, "a variant at its peak": peak}
                     if sum(terms.values()) > sum(worst.values()):

@@ -17,6 +17,7 @@ Which sizes each slot is offered: `options.py`.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 import torch
@@ -82,12 +83,16 @@ def slot_variants(slot: Slot, parent_part: Part, library: Library, engine: Engin
     return [Variant(slot=slot.index, kind=slot.kind, part=p, is_current=i == 0) for i, p in enumerate(options)]
 
 
-def _least_squares(inputs: torch.Tensor, outputs: torch.Tensor, ridge: float = 1e-3) -> torch.Tensor:
-    """W (out x in) minimising ||outputs - inputs W^T||^2 + ridge * trace(X^T X)/n * ||W||^2."""
-    x, y = inputs.reshape(-1, inputs.shape[-1]).double(), outputs.reshape(-1, outputs.shape[-1]).double()
-    gram = x.T @ x
+def _least_squares(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], ridge: float = 1e-3) -> torch.Tensor:
+    """W (out x in) minimising ||Y - X W^T||^2 + ridge * trace(X^T X)/n * ||W||^2 over (X, Y) chunks of rows: the
+    normal equations are summed chunk by chunk, in float64."""
+    gram = cross = None
+    for inputs, outputs in pairs:
+        x, y = inputs.reshape(-1, inputs.shape[-1]).double(), outputs.reshape(-1, outputs.shape[-1]).double()
+        gram, cross = (x.T @ x, x.T @ y) if gram is None or cross is None else (gram + x.T @ x, cross + x.T @ y)
+    assert gram is not None and cross is not None, "no calibration rows"
     gram += torch.eye(gram.shape[0], dtype=gram.dtype) * ridge * gram.diagonal().mean()
-    result: torch.Tensor = torch.linalg.solve(gram, x.T @ y).T.float()
+    result: torch.Tensor = torch.linalg.solve(gram, cross).T.float()
     return result
 
 
@@ -96,9 +101,40 @@ def _pool_heads(weight: torch.Tensor, heads: int, new_heads: int, head_dim: int)
     return weight.view(new_heads, heads // new_heads, head_dim, -1).mean(1).reshape(new_heads * head_dim, -1)
 
 
+class NormedRows:
+    """A slot's calibration rows through its norm, `rows` sequences at a time, computed as they are read (each
+    statistic reads them once): no part's activations are ever held for every captured row at once."""
+
+    def __init__(self, norm: torch.nn.Module, inputs: torch.Tensor, rows: int) -> None:
+        self.norm, self.chunks = norm, torch.split(inputs, rows)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self.norm(chunk) for chunk in self.chunks)
+
+
+class _TokenMean:
+    """The mean over tokens of a per-token statistic, added up a chunk of tokens at a time."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.tokens = 0
+
+    def add(self, per_token: torch.Tensor) -> None:
+        """`per_token`: [tokens, ...] values of the statistic."""
+        chunk = per_token.double().sum(0)
+        self.total = chunk if self.total is None else self.total + chunk
+        self.tokens += per_token.shape[0]
+
+    def mean(self) -> torch.Tensor:
+        assert self.total is not None and self.tokens > 0, "no calibration tokens"
+        return (self.total / self.tokens).float()
+
+
 @torch.no_grad()
-def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settings: ModelSettings) -> Branch:
-    """A new branch for `variant`, initialised from the `current` branch on calibration residuals `inputs`."""
+def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settings: ModelSettings,
+                 rows: int) -> Branch:
+    """A new branch for `variant`, initialised from the `current` branch on calibration residuals `inputs`
+    ([sequences, tokens, hidden]), read `rows` sequences at a time."""
     if variant.is_current:
         return copy.deepcopy(current)
     hidden = inputs.shape[-1]
@@ -110,11 +146,10 @@ def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settin
     norm, op = branch
     old_norm, old_op = current
     norm.load_state_dict(old_norm.state_dict())
-    normed = old_norm(inputs)
+    normed = NormedRows(old_norm, inputs, rows)
     if isinstance(op, LinearAttention | LinearMlp):
-        target = residual(current, inputs) - inputs
-        weight = _least_squares(normed, target)
-        (op.linear_attn if isinstance(op, LinearAttention) else op.linear_mlp).weight.copy_(weight)
+        pairs = ((old_norm(x), residual(current, x) - x) for x in torch.split(inputs, rows))
+        (op.linear_attn if isinstance(op, LinearAttention) else op.linear_mlp).weight.copy_(_least_squares(pairs))
     elif isinstance(op, SelfAttention):
         assert isinstance(old_op, SelfAttention)
         op.q_proj.load_state_dict(old_op.q_proj.state_dict())
@@ -134,10 +169,12 @@ def init_variant(variant: Variant, current: Branch, inputs: torch.Tensor, settin
     return branch
 
 
-def channel_contribution(mlp: GatedMlp | ReluSquaredMlp, normed: torch.Tensor) -> torch.Tensor:
+def channel_contribution(mlp: GatedMlp | ReluSquaredMlp, normed: Iterable[torch.Tensor]) -> torch.Tensor:
     """Puzzle's C_i = mean over tokens of |X_i| * ||W_down[:, i]||_2, X the input of down_proj."""
-    activity = mlp.inner(normed).abs().reshape(-1, mlp.down_proj.in_features).mean(0)
-    result: torch.Tensor = activity * mlp.down_proj.weight.norm(dim=0)
+    activity = _TokenMean()
+    for chunk in normed:
+        activity.add(mlp.inner(chunk).abs().reshape(-1, mlp.down_proj.in_features))
+    result: torch.Tensor = activity.mean() * mlp.down_proj.weight.norm(dim=0)
     return result
 
 
@@ -150,17 +187,22 @@ def keep_channels(old: GatedMlp | ReluSquaredMlp, new: GatedMlp | ReluSquaredMlp
     new.down_proj.weight.copy_(old.down_proj.weight[:, keep])
 
 
-def prune_mamba(old: Mamba2, new: Mamba2, normed: torch.Tensor) -> None:
-    """Keep the heads, head-dim channels and state channels of `old` that matter most, as `new` sizes them."""
+def prune_mamba(old: Mamba2, new: Mamba2, normed: Iterable[torch.Tensor]) -> None:
+    """Keep the heads, head-dim channels and state channels of `old` that matter most, as `new` sizes them;
+    `normed`: chunks of whole sequences ([batch, tokens, hidden])."""
     p, q = old.part, new.part
-    y, b, c = old.mix(normed)
-    contribution = y.abs().reshape(-1, p.inner).mean(0) * old.out_proj.weight.norm(dim=0)
+    output, coupling = _TokenMean(), _TokenMean()
+    for chunk in normed:
+        y, b, c = old.mix(chunk)
+        output.add(y.abs().reshape(-1, p.inner))
+        coupling.add((b.abs() * c.abs()).reshape(-1, p.n_groups, p.state_size))
+    contribution = output.mean() * old.out_proj.weight.norm(dim=0)
     per_head = contribution.view(p.num_heads, p.head_dim)
     in_group, keep_in_group = p.num_heads // p.n_groups, q.num_heads // q.n_groups
     best = per_head.sum(1).view(p.n_groups, in_group).topk(keep_in_group, dim=1).indices.sort(dim=1).values
     heads = (best + torch.arange(p.n_groups)[:, None] * in_group).flatten()
     dims = per_head[heads].sum(0).topk(q.head_dim).indices.sort().values
-    states = (b.abs() * c.abs()).reshape(-1, p.n_groups, p.state_size).mean(0).topk(q.state_size, dim=1)
+    states = coupling.mean().topk(q.state_size, dim=1)
     state_rows = (states.indices.sort(dim=1).values + torch.arange(p.n_groups)[:, None] * p.state_size).flatten()
     inner = (heads[:, None] * p.head_dim + dims[None, :]).flatten()
     bc = p.n_groups * p.state_size
@@ -175,27 +217,38 @@ def prune_mamba(old: Mamba2, new: Mamba2, normed: torch.Tensor) -> None:
     new.out_proj.weight.copy_(old.out_proj.weight[:, inner])
 
 
-def prune_moe(old: MixtureOfExperts, new: MixtureOfExperts, normed: torch.Tensor) -> None:
+def prune_moe(old: MixtureOfExperts, new: MixtureOfExperts, normed: Iterable[torch.Tensor]) -> None:
     """Keep the experts whose removal changes the routed output most, then each one's most contributing
-    channels (on the tokens routed to it); the shared expert by channel contribution; top-k as `new` has it."""
-    flat = normed.reshape(-1, normed.shape[-1])
-    full = old.routed(flat)
+    channels (on the tokens routed to it, or on every token if none was); the shared expert by channel
+    contribution; top-k as `new` has it. `normed` is read three times, a chunk at a time."""
     experts = old.part.num_experts
-    importance = torch.stack([(full - old.routed(flat, banned=torch.arange(experts) == e)).pow(2).sum(-1).mean()
-                              for e in range(experts)])
-    kept = importance.topk(new.part.num_experts).indices.sort().values
+    change, routed_tokens = _TokenMean(), torch.zeros(experts, dtype=torch.long)
+    for chunk in normed:
+        flat = chunk.reshape(-1, chunk.shape[-1])
+        full = old.routed(flat)
+        change.add(torch.stack([(full - old.routed(flat, banned=torch.arange(experts) == e)).pow(2).sum(-1)
+                                for e in range(experts)], dim=-1))
+        routed_tokens += torch.bincount(old.gate(flat)[1].flatten().cpu(), minlength=experts)
+    kept = change.mean().topk(new.part.num_experts).indices.sort().values
     new.gate.weight.copy_(old.gate.weight[kept])
     new.gate.e_score_correction_bias.copy_(old.gate.e_score_correction_bias[kept])
-    _, chosen = old.gate(flat)
-    latent = old.to_latent(flat)
-    for index, expert in enumerate(kept.tolist()):
-        routed = (chosen == expert).any(-1)
-        tokens = latent[routed] if routed.any() else latent
+    activity = {expert: _TokenMean() for expert in kept.tolist()}
+    for chunk in normed:
+        flat = chunk.reshape(-1, chunk.shape[-1])
+        _, chosen = old.gate(flat)
+        latent = old.to_latent(flat)
+        for expert, mean in activity.items():
+            source = old.experts[expert]
+            assert isinstance(source, ReluSquaredMlp)
+            tokens = latent[(chosen == expert).any(-1)] if routed_tokens[expert] else latent
+            mean.add(source.inner(tokens).abs())
+    for index, (expert, mean) in enumerate(activity.items()):
         source, target = old.experts[expert], new.experts[index]
         assert isinstance(source, ReluSquaredMlp) and isinstance(target, ReluSquaredMlp)
-        keep_channels(source, target, channel_contribution(source, tokens))
+        keep_channels(source, target, mean.mean() * source.down_proj.weight.norm(dim=0))
     if new.shared_experts is not None and old.shared_experts is not None:
-        keep_channels(old.shared_experts, new.shared_experts, channel_contribution(old.shared_experts, flat))
+        shared = (chunk.reshape(-1, chunk.shape[-1]) for chunk in normed)
+        keep_channels(old.shared_experts, new.shared_experts, channel_contribution(old.shared_experts, shared))
     for name in ("fc1_latent_proj", "fc2_latent_proj"):
         if getattr(new, name) is not None:
             getattr(new, name).load_state_dict(getattr(old, name).state_dict())

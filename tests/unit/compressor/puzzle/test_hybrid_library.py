@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tailor.compressor.architecture import Linear, Mamba, Moe, NoOp
+from tailor.compressor.architecture import Linear, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.mamba import Mamba2
 from tailor.compressor.modeling import ModelSettings, Slot, build_branch, residual
 from tailor.compressor.moe import MixtureOfExperts, Routing
@@ -19,6 +19,7 @@ HIDDEN = 32
 MAMBA = Mamba(num_heads=8, head_dim=8, state_size=16, n_groups=2, conv_kernel=4)
 MOE = Moe(num_experts=8, top_k=2, expert_width=32, shared_width=48, latent_size=16)
 SETTINGS = ModelSettings(family="nemotron_h", rope_theta=None)
+ROWS = 1  # calibration sequences read at a time: every statistic is summed over several chunks
 
 
 def mamba(part: Mamba = MAMBA, seed: int = 0) -> Mamba2:
@@ -69,7 +70,7 @@ def test_pruning_a_mamba_block_to_its_own_size_changes_nothing() -> None:
     old, new = mamba(), Mamba2(MAMBA, HIDDEN, 1e-5, 0.001)
     x = inputs()
     with torch.no_grad():
-        prune_mamba(old, new, x)
+        prune_mamba(old, new, torch.split(x, ROWS))
         torch.testing.assert_close(new(x), old(x))
 
 
@@ -84,7 +85,7 @@ def test_mamba_pruning_drops_silent_heads_and_unused_state_channels() -> None:
         old.conv1d.weight[part.inner + 3] = 0
         old.conv1d.bias[part.inner + 3] = 0
         new = Mamba2(part.model_copy(update={"num_heads": 6, "state_size": 15}), HIDDEN, 1e-5, 0.001)
-        prune_mamba(old, new, x)
+        prune_mamba(old, new, torch.split(x, ROWS))
     torch.testing.assert_close(new.A_log, old.A_log[[0, 1, 3, 4, 6, 7]])
     kept_b = new.conv1d.weight[new.part.inner:new.part.inner + 15, 0]  # group 0's B channels, in order
     expected = torch.cat([old.conv1d.weight[part.inner + n, 0][None] for n in range(16) if n != 3])
@@ -98,7 +99,7 @@ def test_moe_pruning_removes_the_expert_whose_removal_changes_nothing() -> None:
         old.gate.e_score_correction_bias.normal_(0.0, 0.1)
         old.gate.e_score_correction_bias[3] = -10.0  # never chosen: removing it changes nothing
         new = MixtureOfExperts(MOE.model_copy(update={"num_experts": 7, "expert_width": 24}), HIDDEN, Routing())
-        prune_moe(old, new, x)
+        prune_moe(old, new, torch.split(x, ROWS))
     kept = [0, 1, 2, 4, 5, 6, 7]
     torch.testing.assert_close(new.gate.weight, old.gate.weight[kept])
     torch.testing.assert_close(new.gate.e_score_correction_bias, old.gate.e_score_correction_bias[kept])
@@ -115,14 +116,14 @@ def test_initialised_moe_variants_stay_close_to_their_block(update: dict[str, An
         old_branch[1].load_state_dict(moe().state_dict())
     x = inputs()
     variant = Variant(slot=0, kind="ffn", part=MOE.model_copy(update=update))
-    branch = init_variant(variant, old_branch, x, SETTINGS)
+    branch = init_variant(variant, old_branch, x, SETTINGS, ROWS)
     assert branch is not None
     with torch.no_grad():
         target = residual(old_branch, x) - x
         error = (residual(branch, x) - x - target).pow(2).mean() / target.pow(2).mean()
         removed = Variant(slot=0, kind="ffn", part=NoOp())
-        assert init_variant(removed, old_branch, x, SETTINGS) is None
-        linear = init_variant(Variant(slot=0, kind="ffn", part=Linear()), old_branch, x, SETTINGS)
+        assert init_variant(removed, old_branch, x, SETTINGS, ROWS) is None
+        linear = init_variant(Variant(slot=0, kind="ffn", part=Linear()), old_branch, x, SETTINGS, ROWS)
         linear_error = (residual(linear, x) - x - target).pow(2).mean() / target.pow(2).mean()
     assert 0 < error < 1 and 0 < linear_error < 1
 
@@ -139,3 +140,25 @@ def test_in_training_every_expert_gets_a_gradient_whatever_the_routing() -> None
     assert all(p.grad is not None and not p.grad.any() for p in never.parameters())
     chosen = int(module.gate(x.reshape(-1, HIDDEN))[1][0, 0])
     assert all(p.grad is not None and p.grad.any() for p in module.experts[chosen].parameters())
+
+
+@pytest.mark.parametrize("kind,parent,variant", [
+    ("mixer", MAMBA, MAMBA.model_copy(update={"num_heads": 4, "state_size": 8})),
+    ("ffn", MOE, MOE.model_copy(update={"num_experts": 6, "top_k": 1, "expert_width": 16, "shared_width": 16})),
+    ("ffn", Mlp(intermediate_size=64, gated=False), Mlp(intermediate_size=32, gated=False)),
+    ("ffn", MOE, Linear()),
+])
+def test_a_variant_initialised_a_sequence_at_a_time_equals_one_initialised_on_every_row(
+        kind: str, parent: Part, variant: Part) -> None:
+    """BLD reads the calibration rows a few sequences at a time (bounded memory); the statistics it sums must
+    pick the same channels, heads and experts, and fit the same linear map, as on all rows at once."""
+    torch.manual_seed(3)
+    old_branch = build_branch(kind, parent, HIDDEN, SETTINGS)
+    assert old_branch is not None
+    x = inputs()
+    choice = Variant(slot=0, kind=kind, part=variant)
+    whole, chunked = (init_variant(choice, old_branch, x, SETTINGS, rows) for rows in (x.shape[0], 1))
+    assert whole is not None and chunked is not None
+    for (name, expected), (_, actual) in zip(whole[1].state_dict().items(), chunked[1].state_dict().items(),
+                                             strict=True):
+        torch.testing.assert_close(actual, expected, msg=name)

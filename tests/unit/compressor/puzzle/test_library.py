@@ -12,6 +12,7 @@ from tailor.compressor.puzzle.plan import Library
 from tailor.compressor.serving.engines import Engine
 
 SETTINGS = ModelSettings()
+ROWS = 1  # calibration sequences read at a time: every statistic is summed over several chunks
 HIDDEN = 32
 ATTENTION = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
 
@@ -52,7 +53,7 @@ def test_pooling_identical_kv_heads_changes_nothing() -> None:
     current = (RMSNorm(HIDDEN, 1e-5), attention)
     x = torch.randn(2, 10, HIDDEN)
     variant = Variant(slot=0, kind="mixer", part=ATTENTION.model_copy(update={"num_kv_heads": 1}))
-    pooled = init_variant(variant, current, x, SETTINGS)
+    pooled = init_variant(variant, current, x, SETTINGS, ROWS)
     torch.testing.assert_close(branch_output(pooled, x), branch_output(current, x), atol=1e-5, rtol=1e-5)
 
 
@@ -64,7 +65,8 @@ def test_channel_contribution_beats_a_random_choice_of_channels() -> None:
     current = (RMSNorm(HIDDEN, 1e-5), mlp)
     x = torch.randn(4, 16, HIDDEN)
     target = branch_output(current, x)
-    pruned = init_variant(Variant(slot=1, kind="ffn", part=Mlp(intermediate_size=32, gated=True)), current, x, SETTINGS)
+    narrowed = Variant(slot=1, kind="ffn", part=Mlp(intermediate_size=32, gated=True))
+    pruned = init_variant(narrowed, current, x, SETTINGS, ROWS)
     random_keep = torch.randperm(128)[:32]
     naive = GatedMlp(HIDDEN, 32)
     with torch.no_grad():
@@ -80,6 +82,6 @@ def test_a_linear_replacement_starts_no_worse_than_removal() -> None:
     torch.manual_seed(0)
     current = (RMSNorm(HIDDEN, 1e-5), GatedMlp(HIDDEN, 64))
     x = torch.randn(8, 16, HIDDEN)
-    fitted = init_variant(Variant(slot=1, kind="ffn", part=Linear()), current, x, SETTINGS)
+    fitted = init_variant(Variant(slot=1, kind="ffn", part=Linear()), current, x, SETTINGS, ROWS)
     target = branch_output(current, x)
     assert float(normalised_mse(branch_output(fitted, x), target)) < 1.0  # removal scores exactly 1
