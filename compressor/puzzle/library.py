@@ -86,11 +86,12 @@ def slot_variants(slot: Slot, parent_part: Part, library: Library, engine: Engin
 def _least_squares(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], ridge: float = 1e-3) -> torch.Tensor:
     """W (out x in) minimising ||Y - X W^T||^2 + ridge * trace(X^T X)/n * ||W||^2 over (X, Y) chunks of rows: the
     normal equations are summed chunk by chunk, in float64."""
-    gram = cross = None
+    sums: list[torch.Tensor] = []
     for inputs, outputs in pairs:
         x, y = inputs.reshape(-1, inputs.shape[-1]).double(), outputs.reshape(-1, outputs.shape[-1]).double()
-        gram, cross = (x.T @ x, x.T @ y) if gram is None or cross is None else (gram + x.T @ x, cross + x.T @ y)
-    assert gram is not None and cross is not None, "no calibration rows"
+        sums = [x.T @ x, x.T @ y] if not sums else [sums[0] + x.T @ x, sums[1] + x.T @ y]
+    assert sums, "no calibration rows"
+    gram, cross = sums
     gram += torch.eye(gram.shape[0], dtype=gram.dtype) * ridge * gram.diagonal().mean()
     result: torch.Tensor = torch.linalg.solve(gram, cross).T.float()
     return result
@@ -174,6 +175,11 @@ def channel_contribution(mlp: GatedMlp | ReluSquaredMlp, normed: Iterable[torch.
     activity = _TokenMean()
     for chunk in normed:
         activity.add(mlp.inner(chunk).abs().reshape(-1, mlp.down_proj.in_features))
+    return _weighted_by_output(mlp, activity)
+
+
+def _weighted_by_output(mlp: GatedMlp | ReluSquaredMlp, activity: _TokenMean) -> torch.Tensor:
+    """C_i from the mean |X_i|: times the norm of down_proj's column i."""
     result: torch.Tensor = activity.mean() * mlp.down_proj.weight.norm(dim=0)
     return result
 
@@ -245,7 +251,7 @@ def prune_moe(old: MixtureOfExperts, new: MixtureOfExperts, normed: Iterable[tor
     for index, (expert, mean) in enumerate(activity.items()):
         source, target = old.experts[expert], new.experts[index]
         assert isinstance(source, ReluSquaredMlp) and isinstance(target, ReluSquaredMlp)
-        keep_channels(source, target, mean.mean() * source.down_proj.weight.norm(dim=0))
+        keep_channels(source, target, _weighted_by_output(source, mean))
     if new.shared_experts is not None and old.shared_experts is not None:
         shared = (chunk.reshape(-1, chunk.shape[-1]) for chunk in normed)
         keep_channels(old.shared_experts, new.shared_experts, channel_contribution(old.shared_experts, shared))
