@@ -4,7 +4,8 @@ calibrated `--repeats` times in a row (each with a cost cache of its own, so eve
 
     .venv/bin/python bench/calibration.py            # about 15 s on 2 cores
 
-Prints each calibration (step, blocks, fixed cost, spread, whether it was refused) and writes JSON.
+Prints each calibration (step, blocks, the rest, the fixed cost and what each block adds, spread, whether it was
+refused) and writes JSON.
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ def main() -> int:
                 rows.append({**found.model_dump(), "refused": None, "seconds": time.monotonic() - started})
             except CalibrationError as error:
                 rows.append({"refused": str(error), "seconds": time.monotonic() - started})
-    print(f"{'step ms':>8} {'blocks ms':>10} {'fixed ms':>9} {'head ms':>8} {'spread':>7} {'pairs':>6}  refused")
+    print(f"{'step ms':>8} {'blocks ms':>10} {'rest ms':>8} {'fixed ms':>9} {'per block ms':>13} {'head ms':>8} "
+          f"{'spread':>7} {'pairs':>6}  refused")
     for row in rows:
         if row["refused"]:
-            print(f"{'-':>8} {'-':>10} {'-':>9} {'-':>8} {'-':>7} {'-':>6}  {row['refused']}")
+            print(f"{'-':>8} {'-':>10} {'-':>8} {'-':>9} {'-':>13} {'-':>8} {'-':>7} {'-':>6}  {row['refused']}")
             continue
-        print(f"{row['step_s'] * 1e3:>8.2f} {row['blocks_s'] * 1e3:>10.2f} {row['fixed_s'] * 1e3:>9.2f} "
-              f"{row['head_s'] * 1e3:>8.2f} {row['spread']:>7.1%} {row['rounds']:>6}  no")
+        print(f"{row['step_s'] * 1e3:>8.2f} {row['blocks_s'] * 1e3:>10.2f} {row['rest_s'] * 1e3:>8.2f} "
+              f"{row['fixed_s'] * 1e3:>9.2f} {row['per_block_s'] * 1e3:>13.3f} {row['head_s'] * 1e3:>8.2f} "
+              f"{row['spread']:>7.1%} {row['rounds']:>6}  no")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({"batch": args.batch, "context": args.context, "calibrations": rows},
                                        indent=2) + "\n")

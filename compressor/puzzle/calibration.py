@@ -1,10 +1,14 @@
 """Measured costs that check themselves: the fixed cost of a decode step from paired timings, and the child's
 speed-up measured against the search's prediction.
 
-Measured costs time each block variant alone. A whole decode step costs more than its blocks: the LM head, the
-embedding, the work between blocks. That rest, the fixed cost, is calibrated on the parent. Its whole step and
-its blocks are timed side by side, `ROUNDS` times interleaved and fresh (never from the cache), and the fixed
-cost is the median of the paired differences. One slow sample cannot decide it.
+Measured costs time each block variant alone. A whole decode step costs more than its blocks: the LM head and the
+embedding, and the work a block causes in a whole model that timing it alone misses (its call and its share of the
+step's cache traffic). That rest is calibrated on the parent: its whole step, the same model with every block
+removed (embedding, final norm, LM head: the fixed cost) and its blocks are timed side by side, `ROUNDS` times
+interleaved and fresh (never from the cache). The fixed cost is the median of the emptied model's timings; what
+remains of the rest is spread over the parent's blocks as a cost each kept block adds (`per_block_s`), so a child
+that removes blocks is predicted to save that too. Medians of the paired differences: one slow sample cannot decide
+either.
 
 The split is refused, with the figures, when it is implausible after a second try with twice the pairs: the
 rest is more than `HEAD_MULTIPLE` LM heads (timed alone) plus `OVERHEAD_SHARE` of a step, or below
@@ -27,6 +31,7 @@ from collections.abc import Callable
 import torch
 from pydantic import BaseModel
 
+from tailor.compressor.architecture import Block, NoOp
 from tailor.compressor.costs import Workload
 from tailor.compressor.measure import MeasuredCosts, decode_step_runner, time_call
 from tailor.compressor.modeling import Decoder
@@ -55,7 +60,9 @@ class Calibration(BaseModel):
     step_s: float
     blocks_s: float
     head_s: float  # the LM head timed alone
-    fixed_s: float  # median of the paired differences
+    rest_s: float  # median of the paired differences: step - blocks
+    fixed_s: float  # the step of the parent with every block removed
+    per_block_s: float  # what each kept block adds beyond its own timing: (rest - fixed) / blocks, median
     spread: float  # their median absolute deviation, as a share of the step
     rounds: int
     cache_drift: float | None  # cached / fresh block timings - 1, where the cache held them
@@ -65,10 +72,22 @@ class Calibration(BaseModel):
 def _median_pairs(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float]:
     steps, blocks = zip(*pairs, strict=True)
     differences = [s - b for s, b in pairs]
-    fixed = statistics.median(differences)
+    rest = statistics.median(differences)
     step = statistics.median(steps)
-    spread = statistics.median(abs(d - fixed) for d in differences) / step
-    return step, statistics.median(blocks), fixed, spread
+    spread = statistics.median(abs(d - rest) for d in differences) / step
+    return step, statistics.median(blocks), rest, spread
+
+
+def without_blocks(model: Decoder) -> Decoder:
+    """`model` with every block removed: its embedding, final norm and LM head (shared, not copied), and the loop
+    over its layers."""
+    blocks = [Block(**{kind: NoOp() for kind in ("mixer", "ffn") if getattr(block, kind) is not None})
+              for block in model.arch.blocks]
+    with torch.device("meta"):
+        empty = Decoder(model.arch.model_copy(update={"blocks": blocks}), model.settings)
+    weights = model.state_dict()
+    empty.load_state_dict({name: weights[name] for name in empty.state_dict()}, assign=True)
+    return empty.eval()
 
 
 def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Progress,
@@ -80,15 +99,22 @@ def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Pr
     parts = {key: slot.part for key, slot in zip(keys, model.slots(), strict=True)}
     runners = {key: timer.fresh(part, hidden, work) for key, part in parts.items()}
     step = decode_step_runner(model, work.batch, work.context)
+    empty = decode_step_runner(without_blocks(model), work.batch, work.context)
+    kept = sum(not isinstance(slot.part, NoOp) for slot in model.slots())
     device = model.embedding.weight.device
     pairs: list[tuple[float, float]] = []
     fresh: dict[str, list[float]] = {key: [] for key in runners}
+    fixed: list[float] = []
     for _ in range(rounds):
         whole = time_call(step, device, min_seconds=0.1)
+        fixed.append(time_call(empty, device, min_seconds=0.05))
         for key, run in runners.items():
             fresh[key].append(time_call(run, device, min_seconds=0.05))
         pairs.append((whole, sum(counts[key] * fresh[key][-1] for key in runners)))
-    step_s, blocks_s, fixed_s, spread = _median_pairs(pairs)
+    del step, empty
+    step_s, blocks_s, rest_s, spread = _median_pairs(pairs)
+    fixed_s = statistics.median(fixed)
+    per_block_s = statistics.median((s - b - f) / max(1, kept) for (s, b), f in zip(pairs, fixed, strict=True))
     medians = {key: statistics.median(values) for key, values in fresh.items()}
     cached = [key for key in keys if key in timer.cache]
     drift = None
@@ -100,8 +126,8 @@ def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Pr
                  "every variant is timed again")
     timer.remember(medians, forget_the_rest=stale)
     head_s = timer.head_seconds(hidden, model.arch.vocab_size, work)
-    found = Calibration(step_s=step_s, blocks_s=blocks_s, head_s=head_s, fixed_s=fixed_s, spread=spread,
-                        rounds=rounds, cache_drift=drift, stale=stale)
+    found = Calibration(step_s=step_s, blocks_s=blocks_s, head_s=head_s, rest_s=rest_s, fixed_s=fixed_s,
+                        per_block_s=per_block_s, spread=spread, rounds=rounds, cache_drift=drift, stale=stale)
     problem = implausible(found)
     scattered = (f"the parent's step minus its blocks varied by {spread:.0%} of a step between {rounds} paired "
                  f"timings (more than {MAX_SPREAD:.0%})") if spread > MAX_SPREAD else None
@@ -115,17 +141,21 @@ def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Pr
     if scattered:
         progress(f"costs: warning: {scattered}; a busy machine: the median is used")
     progress(f"costs: a parent decode step takes {step_s * 1e3:.2f} ms, its blocks {blocks_s * 1e3:.2f} ms when timed "
-             f"alone; the rest ({fixed_s * 1e3:.2f} ms) is the fixed cost (medians of {rounds} interleaved pairs, "
-             f"spread {spread:.1%} of a step)")
+             f"alone; of the rest ({rest_s * 1e3:.2f} ms), {fixed_s * 1e3:.2f} ms is the fixed cost (the step with "
+             f"every block removed) and {per_block_s * 1e3:.3f} ms what each of its {kept} blocks adds beyond its own "
+             f"timing (medians of {rounds} interleaved pairs, spread {spread:.1%} of a step)")
     return found
 
 
 def implausible(found: Calibration) -> str | None:
     """Why a calibration cannot be trusted, or None."""
     ceiling = HEAD_MULTIPLE * found.head_s + OVERHEAD_SHARE * found.step_s
-    if not -OVERHEAD_SHARE * found.step_s <= found.fixed_s <= ceiling:
+    if not -OVERHEAD_SHARE * found.step_s <= found.rest_s <= ceiling:
         return (f"a parent decode step took {found.step_s * 1e3:.2f} ms and its blocks {found.blocks_s * 1e3:.2f} "
-                f"ms when timed alone, so {found.fixed_s * 1e3:.2f} ms would be fixed cost; its LM head takes "
+                f"ms when timed alone, so {found.rest_s * 1e3:.2f} ms would be fixed cost; its LM head takes "
+                f"{found.head_s * 1e3:.2f} ms, so at most {ceiling * 1e3:.2f} ms is plausible")
+    if found.fixed_s > ceiling:
+        return (f"the parent with every block removed took {found.fixed_s * 1e3:.2f} ms a step; its LM head takes "
                 f"{found.head_s * 1e3:.2f} ms, so at most {ceiling * 1e3:.2f} ms is plausible")
     return None
 

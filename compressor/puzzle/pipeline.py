@@ -296,8 +296,10 @@ class Round:
 
 def _calibrate(pricer: Pricer, timer: MeasuredCosts, parent: LazyDecoder, log: Log,
                whole: Decoder | None = None) -> None:
-    """Calibrate the fixed decode cost on the parent (cached timings that disagree with it are dropped)."""
-    pricer.calibrate_decode(calibrate(whole or parent.load(), timer, pricer.decode, log).fixed_s)
+    """Calibrate the fixed decode cost and each block's share of a whole step on the parent (cached timings that
+    disagree with it are dropped)."""
+    found = calibrate(whole or parent.load(), timer, pricer.decode, log)
+    pricer.calibrate_decode(found.fixed_s, found.per_block_s)
 
 
 def _parent_price(pricer: Pricer, parent: LazyDecoder) -> Price:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from tailor.compressor.architecture import Architecture, Attention, Block, Mamba, Part
+from tailor.compressor.architecture import Architecture, Attention, Block, Mamba, NoOp, Part
 from tailor.compressor.costs import CostModel, Phase, Workload
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import (
@@ -81,14 +81,16 @@ class Pricer:
         self.decode = Workload(phase=Phase.DECODE, batch=target.batch, context=target.context)
         self.prefill = Workload(phase=Phase.PREFILL, batch=target.batch, context=target.context)
         self.fixed = self._fixed()
+        self.per_block_s = 0.0
 
-    def calibrate_decode(self, fixed_s: float) -> None:
-        """Measured costs: what a whole decode step of the parent takes beyond its blocks timed alone becomes the
-        fixed decode cost (LM head, embedding, and the per-step work between blocks that timing blocks alone
-        misses; `calibration.calibrate`), never below the LM head's own timing, so predicted speed-ups are ratios
-        of real steps."""
+    def calibrate_decode(self, fixed_s: float, per_block_s: float = 0.0) -> None:
+        """Measured costs (`calibration.calibrate`): the parent's decode step with every block removed becomes the
+        fixed decode cost (never below the LM head's own timing), and what each kept block adds in a whole step
+        beyond its timing alone is added to every kept variant's decode time, so predicted speed-ups are ratios of
+        real steps."""
         head = self._fixed()
         self.fixed = head.model_copy(update={"decode_s": max(head.decode_s, fixed_s)})
+        self.per_block_s = per_block_s
 
     def _seconds(self, part: Part, work: Workload) -> float:
         if self.timer is not None:
@@ -100,7 +102,10 @@ class Pricer:
         block = Block(mixer=part) if kind == "mixer" else Block(ffn=part)
         kv = part.kv_elements_per_token() * KV_BYTES[self.kv_dtype] if isinstance(part, Attention) else 0
         state = mamba_state_bytes([part], self.arch.ssm_cache_dtype).total if isinstance(part, Mamba) else 0
-        return Price(decode_s=self._seconds(part, self.decode), prefill_s=self._seconds(part, self.prefill),
+        decode_s = self._seconds(part, self.decode)
+        if not isinstance(part, NoOp):
+            decode_s = max(0.0, decode_s + self.per_block_s)
+        return Price(decode_s=decode_s, prefill_s=self._seconds(part, self.prefill),
                      weight_bytes=block_weight_bytes(block, hidden, self.recipe), kv_bytes_per_token=kv,
                      params=int(sum(part.params(hidden).values())),
                      active_params=int(sum(part.active_params(hidden).values())), state_bytes=state)

@@ -129,9 +129,10 @@ def test_a_whole_decode_step_is_timed_after_the_same_context_every_call(monkeypa
     assert long[0] - short[0] >= kv_cache_growth  # the step reads the `context` cached tokens of every layer
 
 
-def test_the_fixed_cost_is_what_a_whole_step_takes_beyond_its_blocks(tmp_path: Path) -> None:
-    """The pipeline calibrates its fixed decode cost as (whole parent step - its blocks timed alone), never below
-    the LM head's own timing; a later calibration replaces an earlier one."""
+def test_the_fixed_cost_is_never_below_the_head_and_a_block_adds_its_share(tmp_path: Path) -> None:
+    """The pipeline calibrates its fixed decode cost (the parent's step with every block removed), never below
+    the LM head's own timing, and adds what a block costs in a whole step beyond its timing alone to every kept
+    block's price, never to a removed one's; a later calibration replaces an earlier one."""
     arch = _tiny_decoder().arch
     pricer = Pricer(arch, Target(gpu="cpu", batch=2, context=32, throughput=1.1),
                     measure.MeasuredCosts(cache_file=tmp_path / "cpu.json"))
@@ -141,3 +142,9 @@ def test_the_fixed_cost_is_what_a_whole_step_takes_beyond_its_blocks(tmp_path: P
     assert pricer.fixed.decode_s == pytest.approx(head + 0.006)
     pricer.calibrate_decode(fixed_s=-0.003)  # noise: blocks alone above the step
     assert pricer.fixed.decode_s == pytest.approx(head)
+    part = arch.blocks[0].ffn
+    assert part is not None
+    alone = pricer.price(part, "ffn").decode_s
+    pricer.calibrate_decode(fixed_s=head, per_block_s=0.001)
+    assert pricer.price(part, "ffn").decode_s == pytest.approx(alone + 0.001)
+    assert pricer.price(NoOp(), "ffn").decode_s < 0.001

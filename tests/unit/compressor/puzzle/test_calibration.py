@@ -1,6 +1,6 @@
 """Measured costs that check themselves. Timings are injected (a fake clock: each block costs in proportion to
-its parameters, a whole step costs its blocks plus a fixed rest), so each test decides what the machine
-"measured" and checks what the pipeline makes of it."""
+its parameters, a whole step costs its blocks plus a fixed rest, and whatever each kept block adds in a whole
+step), so each test decides what the machine "measured" and checks what the pipeline makes of it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from tailor.compressor import measure
-from tailor.compressor.architecture import Architecture, Attention, Block, Mlp, Part
+from tailor.compressor.architecture import Architecture, Attention, Block, Mlp, NoOp, Part
 from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.modeling import Decoder, ModelSettings
 from tailor.compressor.puzzle import calibration, pipeline
-from tailor.compressor.puzzle.calibration import CalibrationError, SpeedCheckError, calibrate
-from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.puzzle.calibration import CalibrationError, SpeedCheckError, calibrate, without_blocks
+from tailor.compressor.puzzle.plan import Plan, Target
+from tailor.compressor.puzzle.pricing import Pricer
 
 from plans import tiny_plan
 
@@ -36,13 +37,17 @@ def decoder() -> Decoder:
     return Decoder(arch, ModelSettings()).eval()
 
 
+def kept(model: Decoder) -> int:
+    return sum(not isinstance(slot.part, NoOp) for slot in model.slots())
+
+
 class Clock:
-    """Fake timings: a block runner costs `cost(part)`; a whole step of a model costs the next of `steps`, or its
-    blocks plus `rest`."""
+    """Fake timings: a block runner costs `cost(part)`; a whole step of a model with blocks costs the next of
+    `steps`, or its blocks plus `rest` plus `per_block` for each block it keeps."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, steps: Iterator[float] | None = None,
-                 rest: float = 0.004) -> None:
-        self.steps, self.rest = steps, rest
+                 rest: float = 0.004, per_block: float = 0.0) -> None:
+        self.steps, self.rest, self.per_block = steps, rest, per_block
         monkeypatch.setattr(measure.MeasuredCosts, "fresh", lambda _, part, *__: self.tagged(part=part))
         monkeypatch.setattr(measure.MeasuredCosts, "seconds", lambda _, part, *__: cost(part))
         monkeypatch.setattr(measure.MeasuredCosts, "head_seconds", lambda *_: HEAD_S)
@@ -60,9 +65,10 @@ class Clock:
         what = run.what  # type: ignore[attr-defined]
         if "part" in what:
             return cost(what["part"])
-        if self.steps is not None:
+        model = what["model"]
+        if self.steps is not None and kept(model):
             return next(self.steps)
-        return sum(cost(slot.part) for slot in what["model"].slots()) + self.rest
+        return sum(cost(slot.part) for slot in model.slots()) + self.rest + self.per_block * kept(model)
 
 
 @pytest.fixture
@@ -76,8 +82,43 @@ def test_one_slow_parent_step_does_not_decide_the_fixed_cost(monkeypatch: pytest
     blocks = sum(cost(slot.part) for slot in model.slots())
     Clock(monkeypatch, iter([blocks + 0.004, blocks + 0.040, blocks + 0.004, blocks + 0.004, blocks + 0.004]))
     found = calibrate(model, timer, WORK, print)
-    assert found.fixed_s == pytest.approx(0.004) and found.blocks_s == pytest.approx(blocks)
+    assert found.rest_s == pytest.approx(0.004) and found.blocks_s == pytest.approx(blocks)
     assert found.rounds == 5 and found.spread == pytest.approx(0.0)
+
+
+def test_what_each_block_adds_to_a_whole_step_is_priced_so_removing_blocks_saves_it(
+        monkeypatch: pytest.MonkeyPatch, timer: measure.MeasuredCosts) -> None:
+    """A whole step costs 0.5 ms per kept block beyond the blocks timed alone. The calibration tells that apart
+    from the fixed cost (the parent timed with every block removed), and the pricer's prediction for a child
+    without its last layer is that child's step on the same clock; booking it all as fixed cost is not."""
+    model = decoder()
+    clock = Clock(monkeypatch, per_block=0.0005)
+    found = calibrate(model, timer, WORK, print)
+    empty = without_blocks(model)
+    assert found.fixed_s == pytest.approx(clock.time_call(clock.tagged(model=empty), torch.device("cpu")))
+    assert found.per_block_s == pytest.approx(0.0005, rel=0.05)
+    assert found.rest_s == pytest.approx(found.fixed_s + 6 * found.per_block_s)
+
+    pricer = Pricer(model.arch, Target(gpu="cpu", batch=1, context=32, throughput=1.1), timer)
+    pricer.calibrate_decode(found.fixed_s, found.per_block_s)
+    child = [NoOp() if slot.layer == 2 else slot.part for slot in model.slots()]
+    predicted = pricer.fixed.decode_s + sum(pricer.price(part, slot.kind).decode_s
+                                            for part, slot in zip(child, model.slots(), strict=True))
+    on_the_clock = sum(cost(part) for part in child) + clock.rest + clock.per_block * 4
+    assert predicted == pytest.approx(on_the_clock, rel=1e-2)
+    assert found.rest_s + sum(cost(part) for part in child) != pytest.approx(on_the_clock, rel=1e-2)
+
+
+def test_the_emptied_parent_shares_its_ends_and_keeps_no_block() -> None:
+    model = decoder()
+    empty = without_blocks(model)
+    assert kept(empty) == 0 and len(empty.slots()) == len(model.slots())
+    shared = model.embedding.weight.data_ptr()  # the same storage: nothing is copied
+    assert empty.embedding.weight.data_ptr() == shared and empty.lm_head.weight.data_ptr() == shared
+    ids = torch.randint(0, 500, (1, 5))
+    with torch.no_grad():
+        expected = model.lm_head(model.final_norm(model.embedding(ids)))
+        assert torch.equal(empty(ids), expected)
 
 
 def test_a_parent_step_timed_under_other_conditions_is_refused(monkeypatch: pytest.MonkeyPatch,
