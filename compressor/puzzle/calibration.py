@@ -11,10 +11,10 @@ that removes blocks is predicted to save that too. Medians of the paired differe
 either.
 
 The split is refused, with the figures, when it is implausible after a second try with twice the pairs: the
-rest is more than `HEAD_MULTIPLE` LM heads (timed alone) plus `OVERHEAD_SHARE` of a step, or below
--`OVERHEAD_SHARE` of a step (blocks alone slower than the whole). Differences that scatter by more than
-`MAX_SPREAD` of a step (a busy machine) also earn the second try; their median is then used, and the log
-says how much they scattered.
+rest, or the emptied model's step, is more than `HEAD_MULTIPLE` LM heads (timed alone) plus `OVERHEAD_SHARE` of a
+step, or the rest is below -`OVERHEAD_SHARE` of a step (blocks alone slower than the whole). Differences that
+scatter by more than `MAX_SPREAD` of a step (a busy machine) also earn the second try; their median is then used,
+and the log says how much they scattered.
 Block timings cached by earlier runs are kept only if the parent's blocks, timed fresh now, agree with them
 within `CACHE_DRIFT`. Otherwise they are dropped, and every variant is timed again in this run.
 
