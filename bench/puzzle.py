@@ -7,10 +7,13 @@ scores), then build both baselines from the parent at the Puzzle child's measure
   the widest width whose measured decode speed reaches the Puzzle child's;
 - layer dropping: whole layers removed in order of least Block Influence (1 - cos(input, output) of
   the layer on calibration text, as ShortGPT ranks them), the fewest that reach the same speed.
-Both baselines then get the Puzzle child's GKD token budget. Every model is timed in one harness, in
-this process, and scored on the same text: the plan's held-out documents (in-domain: works of the training
-corpus no stage trains on) and corpora of other genres no stage ever reads (out-of-domain: news articles and
-Python's reference documentation by default). The summary gives each model's mean and spread over the runs.
+Both baselines then get the Puzzle child's GKD token budget. Every model's speed-up is measured in one harness,
+in this process, as `tailor compress` checks its child: the median of paired decode steps, the model's beside the
+parent's (`calibration.measured_speedup`), so a machine that slows down during a run slows both sides of every
+pair and cannot decide a match. Every model is scored on the same text: the plan's held-out documents
+(in-domain: works of the training corpus no stage trains on) and corpora of other genres no stage ever reads
+(out-of-domain: news articles and Python's reference documentation by default). The summary gives each model's
+mean and spread over the runs.
 
     .venv/bin/python bench/puzzle.py      # 3 runs at 1.5x, ~15 min each on 2 cores; bench/results/puzzle.{json,png}
     .venv/bin/python bench/puzzle.py --runs 1 --set rounds=2 --results build/puzzle-rounds2.json   # a plan variant
@@ -34,11 +37,13 @@ from transformers import AutoTokenizer
 
 from tailor.compressor.architecture import Block, Mlp, NoOp, Part
 from tailor.compressor.checkpoint import load_decoder, save_decoder
+from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import Branch, Decoder
 from tailor.compressor.puzzle import bld, gkd, parallel
+from tailor.compressor.puzzle.calibration import measured_speedup
 from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
-from tailor.compressor.puzzle.evaluate import decode_tokens_per_second, quality
+from tailor.compressor.puzzle.evaluate import quality
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.puzzle.plan import Plan, problems
@@ -50,8 +55,10 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def speed(model: Decoder, plan: Plan) -> float:
-    return decode_tokens_per_second(model, plan.target.batch, plan.target.context, plan.measure_tokens)
+def speedup(parent: Decoder, model: Decoder, plan: Plan) -> float:
+    """`model`'s decode speed-up over `parent` at the plan's batch and context, from paired steps."""
+    work = Workload(phase=Phase.DECODE, batch=plan.target.batch, context=plan.target.context)
+    return measured_speedup(parent, model, work)
 
 
 @torch.no_grad()
@@ -115,14 +122,15 @@ def drop_layers(parent: Decoder, layers: set[int]) -> Decoder:
                           for slot in parent.slots()])
 
 
-def matched(candidates: list[tuple[str, Any]], build: Any, goal: float, plan: Plan) -> tuple[str, Decoder, float,
-                                                                                              bool]:
-    """The first candidate (least compressed first) whose measured speed reaches `goal`, else the last one."""
+def matched(parent: Decoder, candidates: list[tuple[str, Any]], build: Any, goal: float,
+            plan: Plan) -> tuple[str, Decoder, float, bool]:
+    """The first candidate (least compressed first) whose measured speed-up over `parent` reaches `goal`, else the
+    last one."""
     model, measured = None, 0.0
     for name, knob in candidates:
         model = build(knob)
-        measured = speed(model, plan)
-        log(f"  {name}: {measured:.1f} tokens/s (goal {goal:.1f})")
+        measured = speedup(parent, model, plan)
+        log(f"  {name}: {measured:.3f}x (goal {goal:.3f}x)")
         if measured >= goal:
             return name, model, measured, True
     assert model is not None
@@ -166,7 +174,8 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
         report = compress(plan, out)
         assert report is not None
         first_out = first_out or out
-        goal = speed(load_decoder(out / "child").eval(), plan)
+        goal = speedup(parent, load_decoder(out / "child").eval(), plan)
+        log(f"Puzzle child: {goal:.3f}x in paired steps (tailor compress measured {report.measured_speedup}x)")
         puzzle_seconds = {k: v for k, v in report.stage_seconds.items() if k.startswith("round")}
         models = [("puzzle", out / "child", goal, True, puzzle_seconds)]
         ffn_width = parent.arch.blocks[0].ffn.intermediate_size  # type: ignore[union-attr]
@@ -177,7 +186,7 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
                       lambda k: drop_layers(parent, set(drop_order[:k])))]
         for kind, template, candidates, builder in baselines:
             started = time.monotonic()
-            name, model, measured, reached = matched(candidates, builder, goal, plan)
+            name, model, measured, reached = matched(parent, candidates, builder, goal, plan)
             seconds = {"search": time.monotonic() - started}
             label, folder = template.format(name), work / f"{kind}-{target}x"
             save_decoder(model, folder / "assembled", parent_dir)
@@ -189,11 +198,9 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
                         plan.seed, log)
             seconds["gkd"] = time.monotonic() - began
             models.append((label, folder / "child", measured, reached, seconds))
-        parent_speed = speed(parent, base)  # timed beside its children, in the same run
         for label, child_dir, measured, reached, seconds in models:
             row = evaluate(label, child_dir, parent_lazy, texts, seconds)
-            row.update(target=target, seed=base.seed, tokens_per_second=measured, speedup=measured / parent_speed,
-                       reached_goal=reached)
+            row.update(target=target, seed=base.seed, speedup=measured, reached_goal=reached)
             rows.append(row)
             log(f"{label}: " + ", ".join(f"{d} ppl {q['perplexity']:.2f} kl {q['kl']:.4f}"
                                          for d, q in row["domains"].items()) + f", {row['speedup']:.2f}x")

@@ -29,6 +29,8 @@ MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages 
 LOGITS_CHUNK = 8  # sequences whose logits (and layer inputs) are held at once when scoring
 CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held when evaluating
 FROZEN_BYTES = 4  # per frozen (streamed) parameter: the pipeline reads every model in float32, on a GPU too
+STORED_BYTES = 2  # per parameter of the embedding and LM head, kept as checkpoints store them (BF16)
+HEAD_SLICE = 8192  # vocabulary rows of a kept-as-stored LM head widened to float32 at a time (`lazy.StoredHead`)
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache once BLD has trained on a CPU
@@ -204,8 +206,9 @@ class _Model:
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
         self.block_max = max(block_params(arch))
         self.lmax = self.block_max * self.fb
-        self.head = vocab_bytes(arch, self.fb)
-        self.embedding = vocab_bytes(arch, self.fb)
+        self.head = vocab_bytes(arch, STORED_BYTES) + HEAD_SLICE * self.hidden * 4
+        self.embedding = vocab_bytes(arch, STORED_BYTES)
+        self.ends = vocab_bytes(arch, STORED_BYTES) * (1 if arch.tie_word_embeddings else 2)
         self.slots = variants_per_slot(arch, plan)
         self.variants = sum(count for _, _, count in self.slots)
         share = child_share(arch, plan)
@@ -258,9 +261,9 @@ class _Model:
         return min(count, max(1, int(WORKING_SHARE * self.budget) // each)) * each
 
     def assembly(self) -> dict[str, int]:
-        """One layer, or the embedding, read and written (BF16) at a time."""
-        vocab = self.arch.vocab_size * self.hidden
-        return {"a block or the embedding, in and out": max(2 * self.lmax, self.embedding + 2 * vocab)}
+        """One layer read and written at a time, then the ends (embedding, final norm, LM head) in BF16; writing a
+        shard serialises a copy of it."""
+        return {"a block, or the ends, and its serialised copy": max(2 * self.lmax, 2 * self.ends)}
 
     def gkd(self, ranks: int) -> dict[str, int]:
         """The child sharded (FSDP2); the parent sharded beside it or streamed (`teacher_is_sharded`, the rule

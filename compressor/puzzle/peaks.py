@@ -14,10 +14,11 @@ STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
 def release_freed_memory() -> None:
-    """Give the memory glibc's heap holds free back to the system (`malloc_trim`; a no-op off glibc). BLD calls
-    it after each variant: a MoE variant's experts see new token counts, so new tensor sizes, at every step, and
-    without it a NemotronH rank's resident set grew to 2.6 times what BLD holds. (Lowering glibc's mmap
-    threshold instead kept it flat too, but slowed BF16 training on the CPU by about 30%.)"""
+    """Give the memory glibc's heap holds free back to the system (`malloc_trim`; a no-op off glibc).
+    `LazyDecoder.layer` calls it before it reads a layer. BLD calls it after each variant: a MoE variant's
+    experts see new token counts, so new tensor sizes, at every step, and without it a NemotronH rank's resident
+    set grew to 2.6 times what BLD holds. (Lowering glibc's mmap threshold instead kept it flat too, but slowed
+    BF16 training on the CPU by about 30%.)"""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
