@@ -26,10 +26,12 @@ def _quantize(args: argparse.Namespace) -> int:
     from tailor.cli.plans import corpus, needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.hardware import GpuCatalog, GpuProfile
+    from tailor.compressor.puzzle import peaks
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
     from tailor.compressor.quantize.recipes import QuantFormat
 
+    peaks.map_large_allocations()  # this process streams models and trains nothing
     plan = BuildPlan.load(args.plan) if args.plan else None
     text = corpus(args, plan)
     gpu: GpuProfile | None
@@ -73,8 +75,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tailor.cli.plans import corpus, needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.evaluation import evaluate
+    from tailor.compressor.puzzle import peaks
     from tailor.compressor.puzzle.pipeline import resolve_parent
 
+    peaks.map_large_allocations()  # this process streams models and trains nothing
     plan = BuildPlan.load(args.plan) if args.plan else None
     if plan is not None:
         model, parent = plan.checkpoint, plan.parent

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 
 STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MAPPED_FROM = 1 << 20  # bytes: blocks this large are mapped, and unmapped when freed, in processes that train nothing
 
 
 def release_freed_memory() -> None:
@@ -21,6 +23,17 @@ def release_freed_memory() -> None:
     BF16 training on the CPU by about 30%.)"""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def map_large_allocations() -> None:
+    """Serve every block of MAPPED_FROM bytes or more with its own mmap, given back the moment it is freed
+    (glibc `mallopt(M_MMAP_THRESHOLD)`; a no-op off glibc), for processes that only stream models (`tailor
+    quantize`, `tailor evaluate`). glibc otherwise raises its threshold each time a large block is freed and
+    serves the next layer's tensors from the heap, which keeps them: on the memory benchmark's child, quantization's
+    calibration peaked at 1.71 GiB and its evaluation at 1.64 without it, 1.58 and 1.44 with it. Not for
+    training: mapping every step's tensors slowed BF16 training on the CPU by about 30%."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MAPPED_FROM)
 
 
 def reset() -> None:

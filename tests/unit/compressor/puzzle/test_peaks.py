@@ -1,5 +1,6 @@
-"""Freed heap memory goes back to the system (`peaks.release_freed_memory`, which `LazyDecoder.layer` and BLD
-call), where glibc would keep it resident."""
+"""Freed heap memory goes back to the system where glibc would keep it resident: given back on demand
+(`peaks.release_freed_memory`, which `LazyDecoder.layer` and BLD call), or never kept (`peaks.map_large_allocations`,
+in the processes that only stream models)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tailor.compressor.puzzle import peaks
 def rss():
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 
+if sys.argv[1] == "mapped":
+    peaks.map_large_allocations()
 torch.ones(1 << 10).sum()  # torch's own first-use allocations
 before = rss()
 for _ in range(3):
@@ -36,3 +39,8 @@ def kept_after_freeing(mode: str) -> int:
 def test_freed_blocks_glibc_keeps_resident_are_given_back() -> None:
     assert kept_after_freeing("kept") >= 12 * MIB  # the premise: glibc keeps the freed blocks resident
     assert kept_after_freeing("released") < 4 * MIB
+
+
+def test_a_process_that_maps_large_blocks_never_keeps_them() -> None:
+    assert kept_after_freeing("kept") >= 12 * MIB
+    assert kept_after_freeing("mapped") < 4 * MIB
