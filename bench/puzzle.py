@@ -272,21 +272,22 @@ def main() -> int:
              for name in args.out_of_domain}
     domains = [IN_DOMAIN, *other]
     parent = LazyDecoder(parent_dir)
+    in_domain = load_splits(base, tokenizer).evaluation
+    parent_quality = {domain: quality(parent, parent, ids).perplexity
+                      for domain, ids in {IN_DOMAIN: in_domain, **other}.items()}
     rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
     for number in range(args.runs):
         plan = base.model_copy(update={"seed": base.seed + number})
         rows += run(plan, parent_dir, args.targets, args.work / f"run-{number}",
                     lambda splits: {IN_DOMAIN: splits.evaluation, **other})
-    splits = load_splits(base, tokenizer)
-    parent_quality = {domain: quality(parent, parent, ids).perplexity
-                      for domain, ids in {IN_DOMAIN: splits.evaluation, **other}.items()}
-    result = {"plan": str(args.plan), "settings": args.settings, "text": base.data.text, "device": "cpu",
-              "threads": torch.get_num_threads(),
-              "parent": {"params": parent.arch.total_params, "perplexity": parent_quality},
-              "domains": domains, "runs": args.runs, "gkd_tokens": base.gkd.tokens,
-              "bld_tokens_per_variant": base.bld.tokens, "rows": rows, "summary": summarise(rows, domains)}
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
+        result = {"plan": str(args.plan), "settings": args.settings, "text": base.data.text, "device": "cpu",
+                  "threads": torch.get_num_threads(),
+                  "parent": {"params": parent.arch.total_params, "perplexity": parent_quality},
+                  "domains": domains, "runs": number + 1, "gkd_tokens": base.gkd.tokens,
+                  "bld_tokens_per_variant": base.bld.tokens, "rows": rows, "summary": summarise(rows, domains)}
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(result, indent=2) + "\n")  # after every run: a stopped run keeps them
     print(f"parent ({parent.arch.total_params:,} params): ppl " +
           ", ".join(f"{d} {v:.2f}" for d, v in parent_quality.items()))
     print(f"{'target':>6} {'model':<8} {'speed-up':>15} " +
