@@ -113,18 +113,19 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
     stored: list[str] = []
     embedding = model.embedding()
     with torch.no_grad():
-        x = torch.cat([embedding(calibration[i:i + ROWS]) for i in range(0, calibration.shape[0], ROWS)])
+        streams = [embedding(calibration[i:i + ROWS]) for i in range(0, calibration.shape[0], ROWS)]
     del embedding
     count = len(model.arch.blocks)
     for index in range(count):
         wrapper = one_layer_model(model, index)
-        streams = list(torch.split(x, ROWS))
-        with torch.no_grad():
-            x = torch.cat([wrapper.run_slots(stream) for stream in streams])  # the next layer's input
+        outputs: list[torch.Tensor] = []
 
-        def forward_loop(module: Decoder, streams: list[torch.Tensor] = streams) -> None:
-            for stream in streams:
-                module.run_slots(stream)
+        @torch.no_grad()
+        def forward_loop(module: Decoder, streams: list[torch.Tensor] = streams,
+                         outputs: list[torch.Tensor] = outputs) -> None:
+            # calibrating quantizers observe and pass their inputs through: the outputs are the unquantized
+            # layer's, the next layer's input, so every layer runs once
+            outputs[:] = [module.run_slots(stream) for stream in streams]
 
         own, renamed = f"{body}.layers.0.", f"{body}.layers.{index}."
         try:
@@ -133,6 +134,10 @@ def quantize_layers(model: LazyDecoder, recipe: QuantRecipe, calibration: torch.
                 layers = calibrate(wrapper, recipe, forward_loop, kv_cache, partial(_renamed, progress, own, renamed))
         except ValueError as error:  # named in the one-layer wrapper's terms
             raise ValueError(str(error).replace(own, renamed)) from error
+        if len(outputs) != len(streams):  # modelopt's max calibration runs the loop once
+            raise RuntimeError(f"layer {index}: calibration ran the layer on {len(outputs)} of {len(streams)} "
+                               f"streams")
+        streams = outputs  # the next layer's input
         done.quantized_layers += [name.replace(own, renamed, 1) for name in layers]
         tensors, quant_config = export(wrapper, {**model.config, "vocab_size": STAND_IN_VOCAB,
                                                  "tie_word_embeddings": False})
