@@ -1,11 +1,15 @@
-"""oneDNN's kernel cache on the CPU: resident memory and step time at its default capacity (1024) and at the
-64 `tailor` sets (`cli/main.py`, ONEDNN_PRIMITIVE_CACHE_CAPACITY).
+"""oneDNN's kernel cache on the CPU: resident memory, kernel builds and step time at its default capacity (1024)
+and at the 64 `tailor` sets (`cli/main.py`, ONEDNN_PRIMITIVE_CACHE_CAPACITY).
 
-Two workloads, each in a fresh process per capacity (oneDNN reads the capacity when it builds its first kernel):
+Two workloads, each in a fresh process per capacity (oneDNN reads the capacity when it builds its first kernel),
+the capacities alternated over ROUNDS rounds, medians reported:
 - varying shapes, as a MoE's experts train in BLD: one BF16 linear (2048 -> 1024) forward and backward on 300
   token counts from 1 to 997; the process's peak resident set;
 - fixed shapes, as a dense layer trains: seven BF16 linears of SmolLM2's shapes on 512 tokens, forward and
   backward; the median step time over 40 steps (after 5 warm-up steps) and the peak resident set.
+Each run also counts the kernels oneDNN built because its cache lacked them (`ONEDNN_VERBOSE=profile_create`,
+`create:cache_miss`): unlike a time on a shared machine, that count cannot be noise. A capacity that made a
+workload slower would show as more misses.
 
     .venv/bin/python bench/kernel_cache.py      # prints a table, writes bench/results/kernel_cache.json
 """
@@ -15,13 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tailor.cli.main import KERNEL_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPACITIES = (1024, 64)
-VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+VARIABLE, CAP = KERNEL_CACHE
+CAPACITIES = (1024, int(CAP))  # oneDNN's default, and tailor's
+ROUNDS = 3
 
 
 def varying_shapes() -> dict[str, float]:
@@ -37,7 +46,6 @@ def varying_shapes() -> dict[str, float]:
 
 
 def fixed_shapes() -> dict[str, float]:
-    import statistics
     import time
 
     import torch
@@ -62,19 +70,17 @@ def fixed_shapes() -> dict[str, float]:
 WORKLOADS = {"varying shapes": varying_shapes, "fixed shapes": fixed_shapes}
 
 
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def measure(workload: str, capacity: int) -> dict[str, float]:
-    """Run one workload in a fresh process at one cache capacity."""
-    env = {**os.environ, VARIABLE: str(capacity)}
-    out = subprocess.run([sys.executable, __file__, "--one", workload], env=env, check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(out)
+    """Run one workload in a fresh process at one cache capacity; oneDNN's verbose lines share its stdout."""
+    env = {**os.environ, VARIABLE: str(capacity), "ONEDNN_VERBOSE": "profile_create"}
+    lines = subprocess.run([sys.executable, __file__, "--one", workload], env=env, check=True, capture_output=True,
+                           text=True).stdout.splitlines()
+    return {**json.loads(lines[-1]), "kernel_builds": sum(",create:cache_miss," in line for line in lines)}
+
+
+def median_row(workload: str, capacity: int, runs: list[dict[str, float]]) -> dict[str, Any]:
+    return {"workload": workload, "capacity": capacity, "runs": runs,
+            **{key: statistics.median(run[key] for run in runs) for key in runs[0]}}
 
 
 def main() -> None:
@@ -83,17 +89,24 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "kernel_cache.json")
     args = parser.parse_args()
     if args.one:
+        from tailor.compressor.puzzle import peaks
         figures = WORKLOADS[args.one]()
-        print(json.dumps({**figures, "peak_rss_mib": peak_rss_mib()}))
+        print(json.dumps({**figures, "peak_rss_mib": peaks.read()["rss"] / 2**20}))
         return
-    rows = [{"workload": workload, "capacity": capacity, **measure(workload, capacity)}
-            for workload in WORKLOADS for capacity in CAPACITIES]
-    print(f"{'workload':<16}{'capacity':>10}{'peak RSS MiB':>14}{'step ms':>10}")
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for round_ in range(ROUNDS):
+        for workload in WORKLOADS:
+            for capacity in CAPACITIES[::1 if round_ % 2 == 0 else -1]:
+                runs.setdefault((workload, capacity), []).append(measure(workload, capacity))
+    rows = [median_row(workload, capacity, found) for (workload, capacity), found in runs.items()]
+    print(f"{'workload':<16}{'capacity':>10}{'peak RSS MiB':>14}{'kernel builds':>15}{'step ms':>10}")
     for row in rows:
         step = f"{row['step_ms']:.2f}" if "step_ms" in row else "-"
-        print(f"{row['workload']:<16}{row['capacity']:>10}{row['peak_rss_mib']:>14.0f}{step:>10}")
+        print(f"{row['workload']:<16}{row['capacity']:>10}{row['peak_rss_mib']:>14.0f}{row['kernel_builds']:>15.0f}"
+              f"{step:>10}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"measured": "this machine, one run", "rows": rows}, indent=2) + "\n")
+    args.results.write_text(json.dumps({"measured": f"this machine, medians of {ROUNDS} runs", "rows": rows},
+                                       indent=2) + "\n")
 
 
 if __name__ == "__main__":

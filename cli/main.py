@@ -111,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # oneDNN, torch's CPU BF16 kernels, keeps up to 1024 compiled kernels, one per shape. A MoE's experts see new token
-# counts at every training step, so new shapes: 300 of them on one BF16 linear peaked 0.37 GiB higher at the
-# default than at 64, and fixed shapes trained no slower at 64 (`bench/kernel_cache.py`). Read when the first
-# kernel is built; a user's own setting wins.
+# counts at every training step, so new shapes: 300 of them on one BF16 linear peaked 0.39 GiB higher at the
+# default than at 64, and fixed shapes build the same kernels at either capacity (`bench/kernel_cache.py`). Read
+# when the first kernel is built; a user's own setting wins.
 KERNEL_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
 
