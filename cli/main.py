@@ -13,6 +13,7 @@ from tailor.cli import compress, demo, plans, quantize, run_operator, serving, s
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
   tailor devcluster up                       # build if needed and start; creates the GPU node pools
+  tailor devcluster up --no-metrics          # without Prometheus and prometheus-adapter (HPAs read <unknown>)
   export KUBECONFIG=$(tailor devcluster kubeconfig)
   eval "$(tailor devcluster env)"            # KUBECONFIG plus kubectl and helm on PATH
   tailor devcluster status --json
@@ -31,8 +32,10 @@ def _devcluster(args: argparse.Namespace) -> int:
 
     if args.verb == "build":
         print(build.ensure_binaries())
+        if not args.no_metrics:
+            print(build.ensure_metrics_binaries())
     elif args.verb == "up":
-        cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE)
+        cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE, metrics_pipeline=not args.no_metrics)
     elif args.verb == "down":
         cluster.down(purge=args.purge)
     elif args.verb == "status":
@@ -46,7 +49,7 @@ def _devcluster(args: argparse.Namespace) -> int:
             if "serverVersion" in report:
                 print(f"{'server version':<24} {report['serverVersion']}")
                 print(f"{'nodes ready':<24} {report['nodes']['ready']}/{report['nodes']['total']}")
-        return 0 if all(c["running"] for c in report["components"].values()) else 3
+        return 0 if all(c["running"] for c in report["components"].values() if c["expected"]) else 3
     elif args.verb == "kubeconfig":
         print(cluster.Layout(cluster.state_dir()).kubeconfig)
     elif args.verb == "env":
@@ -78,8 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         "devcluster", help="a real local control plane with simulated GPU node pools",
         epilog=DEVCLUSTER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = devcluster.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("build", help="build the binaries from Go modules unless cached; print their folder")
-    up = verbs.add_parser("up", help="build if needed, start etcd, apiserver, controllers, scheduler, kwok")
+    no_metrics = argparse.ArgumentParser(add_help=False)
+    no_metrics.add_argument("--no-metrics", action="store_true",
+                            help="without the metrics pipeline (Prometheus, prometheus-adapter)")
+    verbs.add_parser("build", parents=[no_metrics],
+                     help="build the binaries from Go modules unless cached; print their folders")
+    up = verbs.add_parser("up", parents=[no_metrics], help="build if needed, start etcd, apiserver, controllers, "
+                                                           "scheduler, kwok, the executor, Prometheus and the adapter")
     up.add_argument("--pools", type=Path, help="node pools YAML (default: devcluster/nodepools.yaml)")
     down = verbs.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the cluster's data and certificates")

@@ -6,6 +6,10 @@ through the wrapper module in `kube/`, etcd is embedded from `go.etcd.io/etcd/se
 module graph, and kwok and helm install from their own modules. A build lands in
 `<cache>/bin-<key>/`, where the key hashes everything that pins a version, so a change of pin
 rebuilds and an unchanged one starts at once.
+
+The metrics pipeline (Prometheus and prometheus-adapter, for the custom metrics API the HPAs read) is a set of
+its own, `<cache>/metrics-<key>/`, so that its pins do not rebuild Kubernetes. Prometheus is built with only its
+built-in file and static service discoveries (the `remove_all_sd` build tag).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tailor.devcluster.log import log
@@ -26,6 +31,11 @@ HELM_VERSION = "v3.21.4"
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 BINARIES = ("etcd", *KUBE_COMMANDS, "kwok", "helm")
+
+PROMETHEUS_VERSION = "v0.316.0"  # the Go module's version of Prometheus 3.16.0
+ADAPTER_MODULE = Path(__file__).parent / "adapter"  # pins sigs.k8s.io/prometheus-adapter
+PROMETHEUS_TAGS = "remove_all_sd"  # only the built-in file and static discoveries
+METRICS_BINARIES = ("prometheus", "prometheus-adapter")
 
 
 def kubernetes_version() -> str:
@@ -43,6 +53,8 @@ def cache_root() -> Path:
 
 
 def _go_version() -> str:
+    if shutil.which("go") is None:
+        raise RuntimeError("`go` is not on PATH: the devcluster builds its binaries from Go modules")
     return subprocess.run(["go", "env", "GOVERSION"], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -78,34 +90,65 @@ def _run_go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> No
     log(f"built {what} in {time.monotonic() - started:.0f}s")
 
 
-def ensure_binaries() -> Path:
-    """Return the folder holding every devcluster binary, building it first if the pins changed."""
-    if shutil.which("go") is None:
-        raise RuntimeError("`go` is not on PATH: the devcluster builds Kubernetes from Go modules")
-    target = cache_root() / f"bin-{build_key()}"
-    if all((target / name).is_file() for name in BINARIES):
+def _build(target: Path, names: tuple[str, ...], what: str, steps: Callable[[Path, dict[str, str]], None]) -> Path:
+    """`target`, holding every one of `names`, built by `steps(staging, env)` into a staging folder first (renamed
+    when complete, so a build cut short never looks done)."""
+    if all((target / name).is_file() for name in names):
         return target
-
-    version = kubernetes_version()
     staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOBIN": str(staging)}
     started = time.monotonic()
-    log(f"building the devcluster binaries (Kubernetes {version}, kwok {KWOK_VERSION}, helm {HELM_VERSION}); "
-        "a cold build takes about 7 minutes on 2 cores; later starts reuse it")
-    packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + ["./cmd/etcd"]
-    _run_go(["build", "-o", f"{staging}/", "-ldflags", _version_ldflags(version), *packages],
-            cwd=KUBE_MODULE, env=env, what="etcd, " + ", ".join(KUBE_COMMANDS))
-    _run_go(["install", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-            cwd=staging, env=env, what=f"kwok {KWOK_VERSION}")
-    _run_go(["install", "-ldflags", f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
-             f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], cwd=staging, env=env, what=f"helm {HELM_VERSION}")
-
-    missing = [name for name in BINARIES if not (staging / name).is_file()]
+    steps(staging, {**os.environ, "GOFLAGS": "-buildvcs=false", "GOBIN": str(staging)})
+    missing = [name for name in names if not (staging / name).is_file()]
     if missing:
         raise RuntimeError(f"build finished without {', '.join(missing)} in {staging}")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
-    log(f"devcluster binaries ready in {target} after {time.monotonic() - started:.0f}s")
+    log(f"{what} ready in {target} after {time.monotonic() - started:.0f}s")
     return target
+
+
+def ensure_binaries() -> Path:
+    """Return the folder holding every devcluster binary, building it first if the pins changed."""
+    def steps(staging: Path, env: dict[str, str]) -> None:
+        version = kubernetes_version()
+        log(f"building the devcluster binaries (Kubernetes {version}, kwok {KWOK_VERSION}, helm {HELM_VERSION}); "
+            "a cold build takes about 7 minutes on 2 cores; later starts reuse it")
+        packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + ["./cmd/etcd"]
+        _run_go(["build", "-o", f"{staging}/", "-ldflags", _version_ldflags(version), *packages],
+                cwd=KUBE_MODULE, env=env, what="etcd, " + ", ".join(KUBE_COMMANDS))
+        _run_go(["install", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+                cwd=staging, env=env, what=f"kwok {KWOK_VERSION}")
+        _run_go(["install", "-ldflags", f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+                 f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], cwd=staging, env=env, what=f"helm {HELM_VERSION}")
+
+    return _build(cache_root() / f"bin-{build_key()}", BINARIES, "devcluster binaries", steps)
+
+
+def adapter_version() -> str:
+    """The prometheus-adapter release the wrapper module pins."""
+    pattern = r"^\s*(?:require\s+)?sigs\.k8s\.io/prometheus-adapter (v\S+)\s*$"
+    match = re.search(pattern, (ADAPTER_MODULE / "go.mod").read_text(), re.M)
+    if match is None:
+        raise RuntimeError(f"{ADAPTER_MODULE / 'go.mod'}: no `sigs.k8s.io/prometheus-adapter vX.Y.Z` requirement")
+    return match.group(1)
+
+
+def ensure_metrics_binaries() -> Path:
+    """Return the folder holding Prometheus and prometheus-adapter, building them first if the pins changed."""
+    key = hashlib.sha256(f"{PROMETHEUS_VERSION} {PROMETHEUS_TAGS} {_go_version()}".encode())
+    for path in (ADAPTER_MODULE / "go.mod", ADAPTER_MODULE / "go.sum"):
+        key.update(path.read_bytes())
+
+    def steps(staging: Path, env: dict[str, str]) -> None:
+        log(f"building the metrics pipeline (Prometheus {PROMETHEUS_VERSION}, prometheus-adapter "
+            f"{adapter_version()}); a cold build takes about 4 minutes on 2 cores; later starts reuse it")
+        _run_go(["install", "-tags", PROMETHEUS_TAGS, "-ldflags", "-s -w",
+                 f"github.com/prometheus/prometheus/cmd/prometheus@{PROMETHEUS_VERSION}"],
+                cwd=staging, env=env, what=f"prometheus {PROMETHEUS_VERSION}")
+        _run_go(["build", "-o", str(staging / "prometheus-adapter"), "-ldflags", "-s -w",
+                 "sigs.k8s.io/prometheus-adapter/cmd/adapter"],
+                cwd=ADAPTER_MODULE, env=env, what=f"prometheus-adapter {adapter_version()}")
+
+    return _build(cache_root() / f"metrics-{key.hexdigest()[:16]}", METRICS_BINARIES, "metrics binaries", steps)

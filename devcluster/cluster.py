@@ -1,5 +1,6 @@
-"""Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler, kwok and the
-development executor (`executor.py`).
+"""Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler, kwok, the
+development executor (`executor.py`) and, unless turned off, the metrics pipeline (`metrics.py`: Prometheus and
+prometheus-adapter).
 
 Each component runs as its own process in its own session, with its pid and log under the state
 folder, so `down` (or a later session) finds and stops exactly what `up` started.
@@ -23,10 +24,11 @@ from typing import Any
 
 import yaml
 
-from tailor.devcluster.build import ensure_binaries
+from tailor.devcluster import metrics
+from tailor.devcluster.build import ensure_binaries, ensure_metrics_binaries
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import DEFAULT_POOLS_FILE, KWOK_ANNOTATION, load_pools, node_manifests
-from tailor.devcluster.pki import CLIENTS, Pki, ensure_pki
+from tailor.devcluster.pki import CLIENTS, FRONT_PROXY_CLIENT, Pki, ensure_pki
 
 KWOK_STAGES_FILE = Path(__file__).parent / "kwok-stages.yaml"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -42,6 +44,8 @@ class Ports:
     etcd_peer: int = 23800
     apiserver: int = 16443
     kwok: int = 10347
+    prometheus: int = 19090
+    prometheus_adapter: int = 16445
 
 
 def state_dir() -> Path:
@@ -92,8 +96,10 @@ class Layout:
         return self.logs / "audit.log"
 
 
-# Start order; `down` stops in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "executor")
+# Start order; `down` stops in reverse. The metrics components come last, and only with `up(metrics=True)`.
+METRICS_COMPONENTS = ("prometheus", "prometheus-adapter")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "executor",
+              *METRICS_COMPONENTS)
 
 
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
@@ -104,6 +110,11 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
 def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: Ports,
                     audit: bool = False) -> list[str]:
     binary = str(bin_dir / name)
+    if name == "prometheus":
+        return metrics.prometheus_argv(bin_dir / name, layout.root, ports.prometheus)
+    if name == "prometheus-adapter":
+        return metrics.adapter_argv(bin_dir / name, layout.root, pki, layout.component_kubeconfig(name),
+                                    ports.prometheus_adapter, ports.prometheus)
     if name == "etcd":
         return [binary, f"--data-dir={layout.etcd_data}",
                 f"--listen-client-url=http://127.0.0.1:{ports.etcd_client}",
@@ -125,6 +136,13 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
                 # The only address is loopback, which may not back the `kubernetes` Service's endpoints.
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true", "--profiling=false",
+                # the aggregation layer (kubeadm's flags): extension API servers trust the front-proxy CA
+                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.client_cert(FRONT_PROXY_CLIENT)}",
+                f"--proxy-client-key-file={pki.client_key(FRONT_PROXY_CLIENT)}",
                 *([f"--audit-policy-file={layout.root / 'audit-policy.yaml'}", f"--audit-log-path={layout.audit_log}",
                    "--audit-log-format=json", "--audit-log-maxsize=0"] if audit else [])]
     if name == "kube-controller-manager":
@@ -149,7 +167,7 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
                 "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{ports.kwok}"]
     if name == "executor":  # this checkout's Python: pods on the executor node run in its environment
         return [sys.executable, "-m", "tailor.devcluster.executor", f"--kubeconfig={layout.kubeconfig}",
-                f"--state={layout.root / 'executor'}"]
+                f"--state={layout.root / 'executor'}", f"--scrape={metrics.scrape_folder(layout.root)}"]
     raise ValueError(f"unknown component {name!r}")
 
 
@@ -246,12 +264,21 @@ def tool(name: str, bin_dir: Path, layout: Layout, *args: str, stdin: str | None
     return result.stdout
 
 
-def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: bool = False) -> Layout:
+def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: bool = False,
+       metrics_pipeline: bool = True) -> Layout:
     """Bring the devcluster up (idempotent: components already running are kept); `audit` makes a newly
-    started API server log every request (`Layout.audit_log`), which benchmarks count by user agent."""
+    started API server log every request (`Layout.audit_log`), which benchmarks count by user agent;
+    `metrics_pipeline` starts Prometheus and prometheus-adapter (built on first use) and registers the custom
+    metrics API."""
     layout = Layout(state_dir())
     pools = load_pools(pools_file)
     bin_dir = ensure_binaries()
+    binaries = dict.fromkeys(COMPONENTS, bin_dir)
+    if metrics_pipeline:
+        binaries.update(dict.fromkeys(METRICS_COMPONENTS, ensure_metrics_binaries()))
+    else:
+        for name in METRICS_COMPONENTS:
+            del binaries[name]
     for folder in (layout.root, layout.run, layout.logs, layout.etcd_data):
         folder.mkdir(parents=True, exist_ok=True)
     pki = ensure_pki(layout.pki)
@@ -261,23 +288,30 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
         if client.file_stem != "admin":
             _write_kubeconfig(layout.component_kubeconfig(client.file_stem), server, pki, client.file_stem,
                               client.user)
+    metrics.write_configs(layout.root)
 
     tls = _admin_tls(pki)
+    custom_metrics = f"{server}/apis/{metrics.API_GROUP}/{metrics.API_VERSION}"
     readiness: dict[str, tuple[str, Callable[[], bool]]] = {
         "etcd": ("etcd health", lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health")),
         "kube-apiserver": ("the API server's /readyz", lambda: _http_ok(f"{server}/readyz", tls)),
         "kube-controller-manager": ("the default ServiceAccount",
                                     lambda: _has_default_service_account(bin_dir, layout)),
+        "prometheus": ("Prometheus's /-/ready", lambda: _http_ok(f"http://127.0.0.1:{ports.prometheus}/-/ready")),
+        "prometheus-adapter": (f"the API server serving {custom_metrics}", lambda: _http_ok(custom_metrics, tls)),
     }
     started: list[str] = []
     try:
-        for component in COMPONENTS:
+        for component, folder in binaries.items():
+            if component == "prometheus-adapter":  # registered before it starts: ready means the API serves it
+                tool("kubectl", bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
+                     stdin=yaml.safe_dump_all(metrics.manifests(pki, ports.prometheus_adapter)))
             if running_pid(layout, component) is not None:
                 log(f"{component} already running")
                 continue
             if audit:
                 (layout.root / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
-            process = _start(component, _component_argv(component, bin_dir, layout, pki, ports, audit), layout)
+            process = _start(component, _component_argv(component, folder, layout, pki, ports, audit), layout)
             started.append(component)
             log(f"started {component} (pid {process.pid}, log {layout.log_file(component)})")
             if component in readiness:
@@ -339,7 +373,9 @@ def status() -> dict[str, Any]:
     report: dict[str, Any] = {
         "stateDir": str(layout.root),
         "kubeconfig": str(layout.kubeconfig),
-        "components": {name: {"running": (pid := running_pid(layout, name)) is not None, "pid": pid}
+        # a metrics component is expected where `up` started it (its pid file stays until `down`)
+        "components": {name: {"running": (pid := running_pid(layout, name)) is not None, "pid": pid,
+                              "expected": name not in METRICS_COMPONENTS or layout.pid_file(name).exists()}
                        for name in COMPONENTS},
     }
     if report["components"]["kube-apiserver"]["running"]:

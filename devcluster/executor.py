@@ -21,6 +21,11 @@ and its Triton pods run the real tritonserver on this machine.
   so that a restarted executor resumes a pod instead of starting it again: a container still running is
   adopted, one that has ended is reported as ended (and restarted only as its restartPolicy says), and the
   processes of a pod that is gone are killed. Stopping the executor stops every pod.
+- **Services** (`services.py`): each Service port gets a loopback listener that spreads connections over the
+  Service's ready pods that run here, as kube-proxy does; its port is announced like a pod's, on the Service. A
+  pod being deleted leaves every Service before its processes are sent SIGTERM.
+- **Scraping** (`metrics.py`): the pods that ask to be scraped (`prometheus.io/scrape`, `prometheus.io/port`)
+  are written to Prometheus's file-discovery file at their loopback ports, with their namespace and name.
 - **Volumes**: a claim that is Pending with no volume gets a hostPath PersistentVolume under the state folder,
   pre-bound to it, so the PV controller binds them. kwok's pods need bound claims to be scheduled too.
 - **API access**: the projected volume the ServiceAccount admission plugin adds (or one in the manifest) is
@@ -59,7 +64,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tailor.devcluster import shim
+from tailor.devcluster import metrics, services, shim
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import EXECUTOR_LABEL
 
@@ -218,7 +223,7 @@ class LocalPod:
 
 
 class Executor:
-    def __init__(self, api: client.ApiClient, state: Path) -> None:
+    def __init__(self, api: client.ApiClient, state: Path, scrape: Path | None = None) -> None:
         self.core = client.CoreV1Api(api)
         server = urllib.parse.urlsplit(api.configuration.host)
         self.api_env = {"KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
@@ -227,6 +232,9 @@ class Executor:
         self.pods: dict[str, LocalPod] = {}
         self.recovered = _records(state / "pods")  # uid -> the folder of a pod a previous executor ran
         self.last_heartbeat = 0.0
+        self.scrape_file = None if scrape is None else scrape / "pods.json"
+        self.proxy = services.ServiceProxy()
+        self.terminating: dict[str, float] = {}  # uid -> when the pod's grace period ends
 
     # --- node and volumes -------------------------------------------------------------------------
 
@@ -286,6 +294,9 @@ class Executor:
             self.last_heartbeat = time.monotonic()
         self.provision()
         seen = set()
+        targets: list[dict[str, Any]] = []
+        endpoints: list[services.LocalEndpoint] = []
+        deleted: list[Any] = []
         for node in nodes:
             pods: list[Any] = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
             for pod in pods:
@@ -293,8 +304,7 @@ class Executor:
                 seen.add(uid)
                 local = self.pods.get(uid)
                 if pod.metadata.deletion_timestamp is not None:
-                    self.stop(uid)
-                    self._force_delete(pod)
+                    deleted.append(pod)  # drained once no Service sends it new connections
                     continue
                 if local is None:
                     if pod.status.phase in ("Succeeded", "Failed"):
@@ -306,12 +316,56 @@ class Executor:
                         continue
                 self.check(local, pod)
                 self.report(local)
+                target = metrics.scrape_target(local.namespace, local.name, pod.metadata.annotations, local.ports)
+                if target is not None:
+                    targets.append(target)
+                endpoints.append(services.LocalEndpoint(
+                    local.namespace, local.name, pod.metadata.labels or {},
+                    bool(local.containers) and all(c.ready for c in local.containers), local.ports))
+        try:
+            self.sync_services(endpoints)
+        finally:  # whatever the Services' state, pods being deleted go on draining
+            for pod in deleted:
+                self.drain(pod)
         for uid in set(self.pods) - seen:
             self.stop(uid)
+        if self.scrape_file is not None and metrics.write_targets(self.scrape_file, targets):
+            log(f"executor: {len(targets)} pod(s) to scrape, in {self.scrape_file}")
         if nodes:  # a whole pass over the nodes: a recorded pod not resumed is gone, or ended, and must not run
             for uid in set(self.recovered) - set(self.pods):
                 _abandon(self.recovered[uid])
             self.recovered.clear()
+
+    def sync_services(self, endpoints: list[services.LocalEndpoint]) -> None:
+        """Every Service's loopback listeners over `endpoints` (`services.py`), their ports announced on it."""
+        found: list[Any] = self.core.list_service_for_all_namespaces().items
+        announced = {(s.metadata.namespace, s.metadata.name): _announced(s) for s in found}
+        for (namespace, name), ports in self.proxy.sync(found, endpoints, announced).items():
+            if ports != announced[(namespace, name)]:
+                self.core.patch_namespaced_service(name, namespace, {"metadata": {"annotations": {
+                    PORTS_ANNOTATION: json.dumps(ports)}}})
+                log(f"service {namespace}/{name}: on loopback at {ports}")
+
+    def drain(self, pod: Any) -> None:
+        """A pod being deleted, once out of every Service: SIGTERM on the first pass (its server refuses new
+        requests and finishes those it holds), then left to end on its own while the executor goes on with the
+        others; stopped and its API object removed once its containers ended, or killed at its grace period's
+        end (the shims kill their trees by then too)."""
+        uid = pod.metadata.uid
+        local = self.pods.get(uid)
+        if local is not None and uid not in self.terminating:
+            self.terminating[uid] = time.monotonic() + local.grace_s
+            for container in local.containers:
+                if container.exit_code is None and container.pid is not None and container.running():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(container.pid, signal.SIGTERM)
+            log(f"{local.namespace}/{local.name}: draining (SIGTERM, up to {local.grace_s:.0f}s)")
+        if local is not None and any(c.exit_code is None and c.running() for c in local.containers) \
+                and time.monotonic() < self.terminating[uid]:
+            return
+        self.terminating.pop(uid, None)
+        self.stop(uid, grace_s=0)
+        self._force_delete(pod)
 
     def _force_delete(self, pod: Any) -> None:
         try:
@@ -567,14 +621,16 @@ class Executor:
             return "\n".join(tail.splitlines()[-80:]) or None
         return None
 
-    def stop(self, uid: str) -> None:
-        """Stop a pod that is gone or going: its processes within its grace period; its record goes too."""
+    def stop(self, uid: str, grace_s: float | None = None) -> None:
+        """Stop a pod that is gone or going: its processes within `grace_s` (its grace period by default); its
+        record goes too."""
         local = self.pods.pop(uid, None)
+        self.terminating.pop(uid, None)
         if local is None:
             if uid in self.recovered:
                 _abandon(self.recovered.pop(uid))
             return
-        self._terminate([local], local.grace_s)
+        self._terminate([local], local.grace_s if grace_s is None else grace_s)
         local.record.unlink(missing_ok=True)
         log(f"{local.namespace}/{local.name}: stopped")
 
@@ -636,6 +692,15 @@ def loopback_args(argv: list[str]) -> list[str]:
                 kept.append(arg)
         return [*kept, *forced]
     return argv
+
+
+def _announced(service: Any) -> dict[str, int]:
+    """The loopback ports announced on a Service, or none where the annotation is missing or not ours."""
+    try:
+        ports = json.loads((service.metadata.annotations or {}).get(PORTS_ANNOTATION, "{}"))
+        return {str(name): int(port) for name, port in ports.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _write_file(path: Path, text: str, mode: int = 0o644) -> None:
@@ -708,9 +773,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--state", type=Path, required=True, help="folder for volumes and pod folders")
+    parser.add_argument("--scrape", type=Path, help="folder for Prometheus's file-discovery file of the pods to "
+                                                    "scrape (pods.json)")
     args = parser.parse_args()
     api = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]
-    executor = Executor(api, args.state)
+    executor = Executor(api, args.state, args.scrape)
     stopping = False
 
     def stop(*_: Any) -> None:
@@ -729,6 +796,7 @@ def main() -> int:
             time.sleep(POLL_S)
     finally:
         executor.stop_all()
+        executor.proxy.close()
     return 0
 
 

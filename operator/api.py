@@ -294,23 +294,43 @@ class NodePoolTarget(ApiModel):
 
 MIN_WITHIN_MAX = cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas",
                      ".minReplicas")
+NO_SCALE_TO_ZERO = cel(
+    "self.minReplicas >= 1",
+    "minReplicas 0 (scale to zero) is not supported: the HorizontalPodAutoscaler scales on the replicas' own "
+    "engine metrics, which a pool with no replica does not report, so it could never scale up again; use 1 or more",
+    ".minReplicas")
 
 
 class Autoscaling(ApiModel):
-    """Horizontal scaling on the engine's queue metrics."""
+    """Horizontal scaling on the engine's queue metrics (a stabilisation window on each side; scale-down removes
+    one replica per minute, each drained of its requests first)."""
 
     metric: Literal["requestsWaiting", "kvCacheUsage", "queueTimeSeconds"] = Field(
         default="requestsWaiting",
         description="Requests waiting for a place in the running batch (vllm:num_requests_waiting), the share of "
                     "the KV cache in use (vllm:kv_cache_usage_perc, 0-1), or the average time a request waited "
                     "before running (vllm:request_queue_time_seconds), per replica.")
-    target: float = Field(default=2, gt=0, description="Average value per replica that triggers scaling.")
+    target: float | None = Field(
+        default=None, gt=0,
+        description="Average value per replica that triggers scaling. Unset: derived from the pool's sizing for "
+                    "requestsWaiting (a quarter of a replica's max_num_seqs, at least 1), 0.8 for kvCacheUsage, "
+                    "2 seconds for queueTimeSeconds.")
+    kv_cache_target: float = Field(
+        default=0.9, gt=0, le=1,
+        description="Second metric of vLLM pools whose metric is not kvCacheUsage: scale out as well when the "
+                    "replicas' average KV-cache usage passes this share.")
+    scale_up_stabilization_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Scale up to the lowest recommendation of this window.")
+    scale_down_stabilization_seconds: int = Field(
+        default=300, ge=0, le=3600,
+        description="Scale down only to the highest recommendation of this window (load that dips briefly keeps "
+                    "its replicas).")
 
 
 class DeploymentSpec(ApiModel):
     """How the child is served with Triton Inference Server."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(MIN_WITHIN_MAX))
+    model_config = ConfigDict(json_schema_extra=cel_rules(MIN_WITHIN_MAX, NO_SCALE_TO_ZERO))
 
     pools: list[NodePoolTarget] = Field(
         min_length=1, max_length=16,
@@ -322,14 +342,20 @@ class DeploymentSpec(ApiModel):
                               description="Triton Inference Server image with vLLM as its engine (NVIDIA's, "
                               "pinned); it serves every vLLM pool. A pool the Python fallback engine serves "
                               "runs the operator's job image.")
-    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool.")
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool (at least 1).")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})
+    drain_seconds: int = Field(
+        default=600, ge=10, le=86400,
+        description="How long a replica being removed (scale-down, rollout) may finish the requests it holds: it "
+                    "stops taking new ones at once, and is stopped when they are done or this has passed.")
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(MIN_WITHIN_MAX["message"])
+        if self.min_replicas < 1:
+            raise ValueError(NO_SCALE_TO_ZERO["message"])
         names = [pool.name for pool in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")

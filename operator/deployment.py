@@ -42,6 +42,14 @@ POD_METRICS = {
     Engine.PYTHON: {"requestsWaiting": "triton_requests_waiting", "kvCacheUsage": "triton_requests_waiting",
                     "queueTimeSeconds": "triton_queue_time_seconds"},
 }
+# Derived HPA targets (docs/operations.md): scale out once the requests waiting per replica pass this share of
+# what a replica runs at once (max_num_seqs), before a queue as long as a whole batch builds up.
+WAITING_SHARE_OF_BATCH = 0.25
+DEFAULT_TARGETS = {"kvCacheUsage": 0.8, "queueTimeSeconds": 2.0}
+SCALE_DOWN_PODS_PER_MINUTE = 1  # one replica at a time, each drained first
+# On a real cluster a Service stops sending to a terminating pod only once every kube-proxy has seen its endpoint
+# go: the pod keeps taking requests this long before Triton is told to stop.
+ENDPOINT_PROPAGATION_S = 5
 GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
@@ -88,6 +96,37 @@ def service(model: dict[str, Any], pool: str, generation: int) -> dict[str, Any]
                      "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()]}}
 
 
+def hpa_target(plan: PoolPlan, deployment: DeploymentSpec) -> float:
+    """The average per replica the HPA holds the pool's metric to: the spec's, or derived from the sizing."""
+    autoscaling = deployment.autoscaling
+    if autoscaling.target is not None:
+        return autoscaling.target
+    if autoscaling.metric == "requestsWaiting":
+        return max(1, math.ceil(WAITING_SHARE_OF_BATCH * plan.max_num_seqs()))
+    return DEFAULT_TARGETS[autoscaling.metric]
+
+
+def autoscaler(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, Any]:
+    """The HorizontalPodAutoscaler's spec, less its scale target: the spec's metric and target (plus KV-cache
+    usage on vLLM pools that scale on something else), stabilisation windows, one replica removed a minute."""
+    assert plan.engine is not None
+    autoscaling = deployment.autoscaling
+    targets = {autoscaling.metric: hpa_target(plan, deployment)}
+    if plan.engine is Engine.VLLM and autoscaling.metric != "kvCacheUsage":
+        targets["kvCacheUsage"] = autoscaling.kv_cache_target
+    return {
+        "minReplicas": deployment.min_replicas, "maxReplicas": deployment.max_replicas,
+        "metrics": [{"type": "Pods", "pods": {"metric": {"name": POD_METRICS[plan.engine][metric]},
+                                              "target": {"type": "AverageValue", "averageValue": _quantity(value)}}}
+                    for metric, value in targets.items()],
+        "behavior": {
+            "scaleUp": {"stabilizationWindowSeconds": autoscaling.scale_up_stabilization_seconds},
+            "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds,
+                          "selectPolicy": "Min",
+                          "policies": [{"type": "Pods", "value": SCALE_DOWN_PODS_PER_MINUTE, "periodSeconds": 60}]}},
+    }
+
+
 def startup_failure_threshold(weight_bytes: int) -> int:
     """Probe periods to allow for loading the weights, plus two minutes for the server itself."""
     return math.ceil((weight_bytes / LOAD_BYTES_PER_SECOND + 120) / PROBE_PERIOD_S)
@@ -123,8 +162,10 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
     container = {
         "name": "triton", "image": image,
         "command": ["tritonserver"],
+        # on SIGTERM Triton refuses new requests and finishes those it holds, for up to the drain time
         "args": [f"--model-repository={repository_in_pod(package)}",
-                 *(f"--{name}-port={port}" for name, port in PORTS.items())],
+                 *(f"--{name}-port={port}" for name, port in PORTS.items()),
+                 f"--exit-timeout-secs={deployment.drain_seconds}"],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "resources": {"limits": {GPU_RESOURCE: str(gpus)},
                       "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
@@ -132,6 +173,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "startupProbe": probe("/v2/health/ready", startup),
         "livenessProbe": probe("/v2/health/live", 3),
         "readinessProbe": probe("/v2/health/ready", 3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_S}}},
         "securityContext": RESTRICTED,
     }
     pod = {
@@ -146,11 +188,11 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                 "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
                                                    "topologyKey": "kubernetes.io/hostname"}}]}},
             "securityContext": POD_SECURITY,
+            "terminationGracePeriodSeconds": ENDPOINT_PROPAGATION_S + deployment.drain_seconds + PROBE_PERIOD_S,
             "containers": [container],
             "volumes": volumes,
         },
     }
-    autoscaling = deployment.autoscaling
     described = {**meta, "annotations": {ENGINE_ANNOTATION: plan.engine.value}}
     if engine_config is not None:
         described["annotations"][ENGINE_ARGS_ANNOTATION] = json.dumps(engine_config, sort_keys=True)
@@ -163,10 +205,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
          "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},
         {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
-                  "minReplicas": max(1, deployment.min_replicas), "maxReplicas": deployment.max_replicas,
-                  "metrics": [{"type": "Pods", "pods": {
-                      "metric": {"name": POD_METRICS[plan.engine][autoscaling.metric]},
-                      "target": {"type": "AverageValue", "averageValue": _quantity(autoscaling.target)}}}]}},
+                  **autoscaler(plan, deployment)}},
     ]
 
 

@@ -65,6 +65,12 @@ class PoolPlan(BaseModel):
     skipped: str | None = None  # why the pool gets no deployment
     notes: list[str] = []
 
+    def max_num_seqs(self) -> int:
+        """Requests a replica runs at once (vLLM's max_num_seqs): what the sizing says fits, capped."""
+        if self.concurrency_per_replica is None:
+            raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
+        return min(self.concurrency_per_replica, MAX_BATCH_CAP)
+
     def serving(self, generation: int, context: int) -> PoolServing:
         """What the pool's package Job writes (the build plan's `pool`)."""
         if self.sizing is None or self.gpu_profile is None or self.concurrency_per_replica is None:
@@ -72,7 +78,7 @@ class PoolPlan(BaseModel):
         assert self.engine is not None
         return PoolServing(name=self.name, generation=generation, gpu_profile=self.gpu_profile, context=context,
                            tensor_parallel=self.sizing.tensor_parallel,
-                           max_batch_size=min(self.concurrency_per_replica, MAX_BATCH_CAP), engine=self.engine,
+                           max_batch_size=self.max_num_seqs(), engine=self.engine,
                            quantized=self.quantized, sizing=self.sizing)
 
 

@@ -38,10 +38,14 @@ def built(p: Pass) -> Built:
     return Built(arch=arch, recipe=RECIPES[build.recipe], kv_dtype=KvDtype(build.kv_cache_dtype))
 
 
-def available(deployment: dict[str, Any]) -> tuple[bool, int]:
-    """Whether a revision is available at its current spec, and its available replicas."""
+def available(deployment: dict[str, Any], floor: int | None = None) -> tuple[bool, int]:
+    """Whether a revision is available at its current spec, and its available replicas. A revision that serves
+    already needs only `floor` of them (its HPA's minReplicas): the replicas the HPA adds while they start, or
+    drains while they stop, do not make it unavailable."""
     status, wanted = deployment.get("status") or {}, (deployment.get("spec") or {}).get("replicas", 1)
     count = int(status.get("availableReplicas", 0))
+    if floor is not None:  # a scale's new generation is not waited for either
+        return count >= min(wanted, floor), count
     current = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
     return current and count >= wanted and status.get("updatedReplicas", 0) >= wanted, count
 
@@ -114,7 +118,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
         delete_revision(p, mine["metadata"]["name"])
         raise Refused(Reason.REVISION_FAILED, f"Deployment {mine['metadata']['name']} cannot become available: "
                                               f"{problem}")
-    ready, count = available(mine)
+    ready, count = available(mine, deployment.min_replicas if serving == revision else None)
     if current is None:
         p.create(service(p.model, pool.name, p.generation))
         status.revision = revision

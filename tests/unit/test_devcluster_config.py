@@ -1,14 +1,15 @@
-"""The devcluster's inputs without starting it: node pools, certificates, build pins."""
+"""The devcluster's inputs without starting it: node pools, certificates, build pins, metrics configuration."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tailor.devcluster import build, nodes, pki
+from tailor.devcluster import build, metrics, nodes, pki
 
 
 def test_default_pools_match_the_documented_fleet() -> None:
@@ -65,3 +66,51 @@ def test_kubernetes_version_comes_from_the_wrapper_module() -> None:
     replaced = [line for line in go_mod.splitlines() if "=> k8s.io/" in line]
     assert len(replaced) >= 30
     assert all(line.strip().endswith(f"v0.{minor}") for line in replaced)
+
+
+def test_the_aggregation_layer_has_its_own_ca_and_missing_files_are_added(tmp_path: Path) -> None:
+    created = pki.ensure_pki(tmp_path / "pki")
+    front_proxy_ca = x509.load_pem_x509_certificate(created.front_proxy_ca_cert.read_bytes())
+    proxy_client = x509.load_pem_x509_certificate(created.client_cert(pki.FRONT_PROXY_CLIENT).read_bytes())
+    proxy_client.verify_directly_issued_by(front_proxy_ca)
+    assert proxy_client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == pki.FRONT_PROXY_CLIENT
+    adapter = x509.load_pem_x509_certificate(created.adapter_serving_cert.read_bytes())
+    adapter.verify_directly_issued_by(x509.load_pem_x509_certificate(created.ca_cert.read_bytes()))
+    names = adapter.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    name, namespace = pki.ADAPTER_SERVICE
+    assert f"{name}.{namespace}.svc" in names.get_values_for_type(x509.DNSName), "the name the aggregator checks"
+
+    ca_before = created.ca_cert.read_bytes()
+    created.adapter_serving_cert.unlink()  # a state folder from before the adapter existed
+    pki.ensure_pki(tmp_path / "pki")
+    assert created.ca_cert.read_bytes() == ca_before
+    x509.load_pem_x509_certificate(created.adapter_serving_cert.read_bytes()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(ca_before))
+
+
+def test_scrape_targets_are_loopback_ports_of_pods_that_ask(tmp_path: Path) -> None:
+    ports = {"metrics": 31236, "8002": 31236, "http": 31234, "8000": 31234}
+    asks = {"prometheus.io/scrape": "true", "prometheus.io/port": "8002"}
+    assert metrics.scrape_target("ml", "triton-0", asks, ports) == {
+        "targets": ["127.0.0.1:31236"], "labels": {"namespace": "ml", "pod": "triton-0"}}
+    assert metrics.scrape_target("ml", "p", {**asks, "prometheus.io/path": "/m"}, ports)["labels"][
+        "__metrics_path__"] == "/m"
+    assert metrics.scrape_target("ml", "p", {"prometheus.io/port": "8002"}, ports) is None, "not asked"
+    assert metrics.scrape_target("ml", "p", {**asks, "prometheus.io/port": "9999"}, ports) is None, "no such port"
+    assert metrics.scrape_target("ml", "p", None, ports) is None
+
+    target_file = tmp_path / "scrape" / "pods.json"
+    entry = metrics.scrape_target("ml", "p", asks, ports)
+    assert metrics.write_targets(target_file, [entry])
+    assert not metrics.write_targets(target_file, [entry]), "unchanged: not rewritten"
+    assert json.loads(target_file.read_text()) == [entry]
+    assert [p.name for p in target_file.parent.iterdir()] == ["pods.json"], "no staged file left"
+
+
+def test_the_adapter_runs_the_charts_rules(tmp_path: Path) -> None:
+    rules = metrics.adapter_config()["rules"]
+    assert {rule["name"]["as"] for rule in rules} >= {"vllm_requests_waiting", "vllm_kv_cache_usage"}
+    bad = tmp_path / "values.yaml"
+    bad.write_text("rules:\n  default: false\n")
+    with pytest.raises(ValueError, match=r"values\.yaml: rules\.custom: expected a list"):
+        metrics.adapter_config(bad)

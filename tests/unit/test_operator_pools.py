@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+import re
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
 from tailor.operator.api import TRITON_VLLM_IMAGE, CompressedModel
-from tailor.operator.deployment import manifests, service, startup_failure_threshold
+from tailor.operator.deployment import autoscaler, manifests, service, startup_failure_threshold
 from tailor.operator.pools import Built, PoolPlan
 from tailor.operator.pools import plan_pools as plan_deployment
 
@@ -112,8 +114,42 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert container["image"] == TRITON_VLLM_IMAGE and plan.engine is Engine.VLLM
     assert deployment["metadata"]["annotations"] == {"tailor.dev/engine": "vllm",
                                                      "tailor.dev/engine-args": '{"max_num_seqs": 7}'}
-    assert autoscaler["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_requests_waiting"
-    assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "2"
+    # target derived from the sizing: a quarter of max_num_seqs waiting per replica; KV-cache usage as well
+    assert [(m["pods"]["metric"]["name"], m["pods"]["target"]["averageValue"]) for m in
+            autoscaler["spec"]["metrics"]] == [("vllm_requests_waiting", str(math.ceil(plan.max_num_seqs() / 4))),
+                                              ("vllm_kv_cache_usage", "900m")]
+    assert autoscaler["spec"]["minReplicas"] == 1 and autoscaler["spec"]["maxReplicas"] == 2
+    down = autoscaler["spec"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == 300 and down["policies"] == [
+        {"type": "Pods", "value": 1, "periodSeconds": 60}]
+    # drained on the way out: Triton finishes what it holds within drainSeconds, inside the grace period
+    assert "--exit-timeout-secs=600" in container["args"]
+    assert pod["terminationGracePeriodSeconds"] > 600 + container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
         manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i")
+
+
+@pytest.mark.parametrize(("autoscaling", "engine", "expected"), [
+    ({"metric": "requestsWaiting", "target": 3}, Engine.VLLM, [("vllm_requests_waiting", "3"),
+                                                               ("vllm_kv_cache_usage", "900m")]),
+    ({"metric": "kvCacheUsage"}, Engine.VLLM, [("vllm_kv_cache_usage", "800m")]),
+    ({"metric": "queueTimeSeconds", "kvCacheTarget": 0.75}, Engine.VLLM, [("vllm_queue_time_seconds", "2"),
+                                                                          ("vllm_kv_cache_usage", "750m")]),
+    ({"metric": "requestsWaiting"}, Engine.PYTHON, [("triton_requests_waiting", "1")]),  # no KV metric there
+])
+def test_hpa_metrics_and_targets(autoscaling: dict[str, Any], engine: Engine, expected: list[tuple[str, str]]
+                                 ) -> None:
+    model = spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"total": 8}}],
+                      autoscaling=autoscaling)
+    assert model.spec.deployment is not None
+    (plan,) = plan_pools(model, NODES)
+    plan = plan.model_copy(update={"engine": engine, "concurrency_per_replica": 2})  # derived: ceil(2 / 4) = 1
+    spec = autoscaler(plan, model.spec.deployment)
+    assert [(m["pods"]["metric"]["name"], m["pods"]["target"]["averageValue"]) for m in spec["metrics"]] == expected
+
+
+def test_scale_to_zero_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=re.escape("minReplicas 0 (scale to zero) is not supported")):
+        spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"total": 8}}],
+                  minReplicas=0)

@@ -678,3 +678,15 @@ def test_a_status_the_api_server_refuses_is_reported_in_one_it_takes(kube: FakeK
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "ApiRejected" and "status.stages[0].message: Too long" in condition["message"]
+
+
+def test_a_serving_revision_stays_ready_while_its_hpa_adds_replicas(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    deployment = kube.obj("Deployment", "m-h100-g1")
+    started = deployment["status"]["availableReplicas"]
+    deployment["spec"]["replicas"] = started + 1  # the HPA scales out; the new replica is still starting
+    deployment["metadata"]["generation"] += 1
+    assert step(kube).phase == "Ready"
+    deployment["status"]["availableReplicas"] = 0  # below the HPA's floor (minReplicas 1): not serving
+    assert step(kube).phase == "Deploying"

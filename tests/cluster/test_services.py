@@ -1,0 +1,80 @@
+"""Services on the devcluster's loopback (`devcluster/services.py`): a client of a Service reaches every ready
+replica the executor runs, and stops reaching one that is being deleted, without a failed request."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tailor.devcluster.executor import PORTS_ANNOTATION
+from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
+
+from conftest import wait_for
+
+# answers every GET with its pod's name; the executor rewrites --http-port to the loopback port it gives
+SERVER = ("import os, sys, http.server\n"
+          "class Handler(http.server.BaseHTTPRequestHandler):\n"
+          "    def do_GET(self):\n"
+          "        body = os.environ['HOSTNAME'].encode()\n"
+          "        self.send_response(200)\n"
+          "        self.send_header('Content-Length', str(len(body)))\n"
+          "        self.end_headers()\n"
+          "        self.wfile.write(body)\n"
+          "    def log_message(self, *args):\n"
+          "        pass\n"
+          "port = int(sys.argv[1].split('=')[1])\n"
+          "http.server.ThreadingHTTPServer(('127.0.0.1', port), Handler).serve_forever()\n")
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {
+        "nodeSelector": {EXECUTOR_LABEL: "true"},
+        "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "web", "image": "python", "command": ["python", "-c", SERVER, "--http-port=8080"],
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}
+
+
+def _answer(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def _answers(port: int, count: int) -> set[str]:
+    """Who answers `count` requests; none while the Service has no ready replica (it refuses the connection)."""
+    try:
+        return {_answer(port) for _ in range(count)}
+    except OSError:
+        return set()
+
+
+@pytest.mark.timeout(180)
+def test_a_service_spreads_over_ready_replicas_and_drops_one_being_deleted(api: client.ApiClient,
+                                                                          namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
+        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    for name in ("web-a", "web-b"):
+        core.create_namespaced_pod(namespace, _pod(name))
+
+    def announced() -> int | None:
+        annotations = core.read_namespaced_service("web", namespace).metadata.annotations or {}
+        return json.loads(annotations[PORTS_ANNOTATION])["http"] if PORTS_ANNOTATION in annotations else None
+
+    port = wait_for("the Service's loopback port", announced, 60)
+    wait_for("both replicas to answer", lambda: _answers(port, 8) == {"web-a", "web-b"}, 60)
+
+    core.delete_namespaced_pod("web-a", namespace)
+    answers, deadline = [], time.monotonic() + 60
+    while time.monotonic() < deadline and answers[-10:] != ["web-b"] * 10:
+        answers.append(_answer(port))  # raises on a failed request
+    assert answers[-10:] == ["web-b"] * 10, f"web-a still answers after its deletion: {answers[-10:]}"
+    wait_for("web-a to be gone", lambda: not core.list_namespaced_pod(
+        namespace, field_selector="metadata.name=web-a").items, 30)
+    assert {_answer(port) for _ in range(6)} == {"web-b"}
