@@ -318,6 +318,11 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
                 what, check = readiness[component]
                 _wait_until(what, check, process, layout, component)
                 log(f"{component} ready")
+        if not metrics_pipeline:  # one an earlier `up` started goes, with its APIService: an aggregated API that
+            # nobody serves makes discovery fail, and with it every namespace deletion
+            _stop(layout, [name for name in reversed(METRICS_COMPONENTS) if running_pid(layout, name) is not None])
+            tool("kubectl", bin_dir, layout, "delete", "--ignore-not-found", "apiservice",
+                 f"{metrics.API_VERSION}.{metrics.API_GROUP}")
 
         nodes = node_manifests(pools)
         tool("kubectl", bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",

@@ -27,10 +27,13 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import build, cluster
+from tailor.devcluster.executor import PORTS_ANNOTATION
 from tailor.devcluster.log import log
+from tailor.devcluster.metrics import RELIST_INTERVAL_S, SCRAPE_INTERVAL_S
 from tailor.devcluster.simulated import published_results
 from tailor.operator import api as model
 from tailor.operator.names import folder as artifacts_folder
+from tailor.operator.names import service_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "tailor"
@@ -222,10 +225,7 @@ class Demo:
 
         name = body["metadata"]["name"]
         status = next(p for p in body["status"]["pools"] if p["name"] == pool)
-        pod: Any
-        (pod,) = client.CoreV1Api(self.api).list_namespaced_pod(
-            NAMESPACE, label_selector=f"tailor.dev/model={name},tailor.dev/pool={pool}").items
-        ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
+        ports = service_ports(self.api, NAMESPACE, service_name(name, pool))
         started = time.monotonic()
         result: dict[str, Any] = {"engine": status.get("engine"), "notes": status.get("notes", [])}
         if status.get("engine") == Engine.VLLM:
@@ -237,9 +237,35 @@ class Demo:
             answer = infer(f"127.0.0.1:{ports['http']}", name, "http", PROMPT, max_tokens=24)
             text, tokens = answer.text, len(answer.ids)
         seconds = time.monotonic() - started
-        log(f"Triton ({pod.metadata.name}, engine {status.get('engine')}) answered in {seconds:.1f}s:\n\n"
-            f"{PROMPT}{text}\n")
+        log(f"Triton (Service {service_name(name, pool)}, engine {status.get('engine')}) answered in "
+            f"{seconds:.1f}s:\n\n{PROMPT}{text}\n")
         return {"prompt": PROMPT, "answer": text, "tokens": tokens, "seconds": round(seconds, 2), **result}
+
+    def autoscaling(self, body: dict[str, Any], pool: str, timeout_s: float = 180) -> dict[str, Any]:
+        """The pool's HorizontalPodAutoscaler once it reads every metric (Prometheus scrapes Triton, the adapter
+        serves the series, the HPA controller syncs): `kubectl get hpa` as a user would see it."""
+        name = body["metadata"]["name"]
+        revision = next(p for p in body["status"]["pools"] if p["name"] == pool)["revision"]
+        hpa_name = f"{service_name(name, pool)}-{revision}"
+        autoscaling: Any = client.AutoscalingV2Api(self.api)
+        deadline = time.monotonic() + timeout_s
+        log(f"waiting for HPA {hpa_name} to read its metrics (scrape every {SCRAPE_INTERVAL_S}s, adapter relist "
+            f"every {RELIST_INTERVAL_S}s, HPA sync every 15s)")
+        while True:
+            hpa = autoscaling.read_namespaced_horizontal_pod_autoscaler(hpa_name, NAMESPACE)
+            current = {m.pods.metric.name: m.pods.current.average_value
+                       for m in hpa.status.current_metrics or [] if m.pods is not None}
+            wanted = {m.pods.metric.name: m.pods.target.average_value for m in hpa.spec.metrics}
+            if set(current) == set(wanted):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"HPA {hpa_name} reads {current or 'no metric'} after {timeout_s:.0f}s, wants "
+                                   f"{sorted(wanted)} (kubectl describe hpa -n {NAMESPACE} {hpa_name})")
+            time.sleep(3)
+        return {"name": hpa_name, "metrics": [{"name": metric, "current": current[metric], "target": target}
+                                              for metric, target in wanted.items()],
+                "replicas": hpa.status.current_replicas, "minReplicas": hpa.spec.min_replicas,
+                "maxReplicas": hpa.spec.max_replicas}
 
     def artifacts(self, body: dict[str, Any]) -> dict[str, Any]:
         """The compression report and quantization report the Jobs left on the artifacts claim."""
@@ -281,10 +307,19 @@ def _seconds(stage: dict[str, Any]) -> float | None:
     return (end - start).total_seconds()
 
 
+def service_ports(api: client.ApiClient, namespace: str, name: str) -> dict[str, int]:
+    """The loopback ports the devcluster gives a Service (what its ClusterIP is on a real cluster)."""
+    found: Any = client.CoreV1Api(api).read_namespaced_service(name, namespace)
+    announced = (found.metadata.annotations or {}).get(PORTS_ANNOTATION)
+    if announced is None:
+        raise RuntimeError(f"Service {namespace}/{name} has no loopback port yet ({PORTS_ANNOTATION})")
+    return {str(port): int(number) for port, number in json.loads(announced).items()}
+
+
 def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer: dict[str, Any],
-            seconds: float) -> dict[str, Any]:
+            autoscaling: dict[str, Any], seconds: float) -> dict[str, Any]:
     """What the demo shows, as JSON: before/after from the Jobs' reports, the gate from the status, the answer,
-    and every pool's sizing."""
+    the served pool's HPA, and every pool's sizing."""
     local = next(b for b in bodies.values() if b["spec"]["compression"]["targetGPU"] == "cpu")
     report, quantized = artifacts["compression"], artifacts["quantization"]
     parent, child = report["parent"], report["child"]
@@ -306,6 +341,7 @@ def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer
         "quality_gate": local["status"].get("quality"),
         "stage_seconds": {s["name"]: _seconds(s) for s in local["status"].get("stages", [])},
         "answer": answer,
+        "autoscaling": autoscaling,
         "pools": [{"model": name, "contextLength": body["spec"]["deployment"]["contextLength"], **pool}
                   for name, body in bodies.items() for pool in body["status"].get("pools", [])],
     }
@@ -335,6 +371,10 @@ def render(report: dict[str, Any]) -> str:
         *([f"  concurrency     {report['answer']['predicted_concurrency']} requests predicted by the sizing for "
            f"the KV cache given to the engine; the engine reports {report['answer']['engine_concurrency']:.2f}"]
           if report["answer"].get("engine_concurrency") is not None else []),
+        f"  autoscaling     HPA {report['autoscaling']['name']}: "
+        + ", ".join(f"{m['name']} {m['current']}/{m['target']}" for m in report["autoscaling"]["metrics"])
+        + f"; {report['autoscaling']['replicas']} replica(s) in [{report['autoscaling']['minReplicas']}, "
+          f"{report['autoscaling']['maxReplicas']}]",
         "", "== Triton sizing per node pool (the operator's, from each child's architecture) ==",
         f"  {'model':<20} {'pool':<6} {'GPU':<24} {'engine':<13} {'context':>8} {'GPUs/replica':>12} "
         f"{'requests/GPU':>12} {'replicas':>8}"]

@@ -16,7 +16,8 @@ and its Triton pods run the real tritonserver on this machine.
   (`LOOPBACK_ARGS`). Readiness comes from the container's httpGet probe. Phase, readiness, restarts and exit
   codes go back through the pod's status.
 - **Processes**: each container runs under a shim (`shim.py`), the leader of a process group of its own, which
-  stops the whole group (SIGTERM, SIGKILL after the pod's grace period), also when the executor dies, and
+  stops the container (SIGTERM to its main process, SIGKILL to the whole tree after the pod's grace period), also
+  when the executor dies, and
   leaves the exit code in a file. A pod's ports, processes and exit codes are kept in `pod.json` in its folder,
   so that a restarted executor resumes a pod instead of starting it again: a container still running is
   adopted, one that has ended is reported as ended (and restarted only as its restartPolicy says), and the
@@ -646,8 +647,8 @@ class Executor:
 
     @staticmethod
     def _terminate(pods: list[LocalPod], grace_s: float) -> None:
-        """SIGTERM to each running container's shim, which passes it to its process group; SIGKILL to the process
-        trees still running after `grace_s`. Each container's exit code is kept."""
+        """SIGTERM to each running container's shim, which passes it to the container's main process; SIGKILL to
+        the process trees still running after `grace_s`. Each container's exit code is kept."""
         running = [c for local in pods for c in local.containers if c.exit_code is None and c.running()]
         for container in running:
             assert container.pid is not None

@@ -7,7 +7,9 @@ as the leader of a new process group:
 
 - runs COMMAND in that group, as a child subreaper, so that descendants that leave the group (torchrun's workers
   start sessions of their own) are still its descendants;
-- on SIGTERM or SIGINT, and when the executor dies (PR_SET_PDEATHSIG), sends SIGTERM to the group and SIGKILL to
+- on SIGTERM or SIGINT, and when the executor dies (PR_SET_PDEATHSIG), sends SIGTERM to COMMAND alone, as a
+  container runtime signals a container's main process (a server's workers stop when it tells them: Triton
+  finishes its requests first, which vLLM's engine process given SIGTERM of its own would abort), and SIGKILL to
   every descendant GRACE seconds later: a container's processes never outlive the executor;
 - when COMMAND exits, kills what it left behind (as a runtime ends a container with its main process), writes
   its exit code to EXIT_FILE (128 + the signal's number when a signal ended it, as Kubernetes reports it) and
@@ -105,12 +107,14 @@ def _prctl(option: int, value: int) -> None:
 def run(parent: int, grace_s: float, exit_file: Path, command: list[str]) -> int:
     """Run `command` as the module's docstring says; its exit code."""
     stopping = False
+    process: subprocess.Popen[bytes] | None = None
 
     def stop(*_: object) -> None:
         nonlocal stopping
         if not stopping:
             stopping = True
-            os.killpg(os.getpgrp(), signal.SIGTERM)  # reaches this shim too: `stopping` makes that a no-op
+            if process is not None:
+                _kill(process.pid, signal.SIGTERM)
             signal.alarm(max(1, round(grace_s)))
 
     def kill(*_: object) -> None:
@@ -131,6 +135,8 @@ def run(parent: int, grace_s: float, exit_file: Path, command: list[str]) -> int
             print(f"cannot run {command[0]}: {error}", file=sys.stderr, flush=True)
             code = NOT_FOUND
         else:
+            if stopping:  # told to stop while it started
+                _kill(process.pid, signal.SIGTERM)
             code = exit_code(process.wait())
             signal.alarm(0)
     kill_tree(os.getpid(), include_self=False)  # what COMMAND left behind

@@ -202,7 +202,10 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                   "progressDeadlineSeconds": startup * PROBE_PERIOD_S + PROGRESS_MARGIN_S,
                   "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}},
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
-         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},
+         # voluntary disruptions (node drains) keep minReplicas ready, also while the HPA drains a replica away;
+         # a replica that is not ready never blocks a drain
+         "spec": {"minAvailable": deployment.min_replicas, "selector": {"matchLabels": selector},
+                  "unhealthyPodEvictionPolicy": "AlwaysAllow"}},
         {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
                   **autoscaler(plan, deployment)}},

@@ -93,7 +93,7 @@ class TritonPythonModel:
 
         self.engine = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
         self.capacity = engine_capacity(self.engine, labels)
-        self.pending: set[concurrent.futures.Future[None]] = set()  # requests in the engine, cancelled at the end
+        self.pending: set[concurrent.futures.Future[None]] = set()  # requests in the engine, finished at the end
 
     def execute(self, requests: list[Any]) -> None:
         """Hand each request to the engine; responses go out through each request's sender."""
@@ -214,8 +214,12 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:
-        for future in list(self.pending):
-            future.cancel()
+        """The model is unloaded (the server stops, its pod drained, or an unload): the requests in the engine
+        finish first, since Triton may count a decoupled request done once its request object is released. The
+        server's `--exit-timeout-secs` and the pod's grace period bound the wait."""
+        if self.pending:
+            pb_utils.Logger.log_info(f"{self.name}: finishing {len(self.pending)} request(s) before unloading")
+            concurrent.futures.wait(list(self.pending))
         self.engine.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)

@@ -5,6 +5,7 @@ references sized on the simulated GPU pools."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,12 +15,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tailor.devcluster import cluster, demo
+from tailor.devcluster import cluster, demo, loadtest
 
 from conftest import delete_models
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3000)  # the demo (at most 1700 s), then the load test (about 7 min here)
 def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[..., Any], tmp_path: Path) -> None:
     out = tmp_path / "demo"
     try:
@@ -47,6 +48,39 @@ def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[
         assert pools[("smollm2-cpu", "local")]["readyReplicas"] == 1
         assert pools[("nemotron-super-h100", "h100")]["engine"] == "vllm"
         assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # `kubectl get hpa` reads real values: requests waiting and KV-cache usage, scraped from the replica
+        hpa = report["autoscaling"]
+        assert [m["name"] for m in hpa["metrics"]] == ["vllm_requests_waiting", "vllm_kv_cache_usage"]
+        assert all(m["current"] is not None for m in hpa["metrics"]) and hpa["replicas"] == 1
+        scales_out_and_back_in_under_load(api, devcluster)
     finally:  # leave the devcluster as the other tests expect it: no demo models, no release
         delete_models(api, demo.NAMESPACE)
         helm("uninstall", demo.RELEASE, "-n", demo.SYSTEM, "--wait", check=False)
+
+
+def scales_out_and_back_in_under_load(api: client.ApiClient, layout: cluster.Layout) -> None:
+    """The served model under load through its Service: the queue metric rises past its target, the HPA adds a
+    replica on local-0, which becomes Ready and answers; with the load down to a few clients it scales back to 1,
+    the removed replica drained (its Triton log shows the requests it held finishing): no request fails
+    (bench/autoscaling.py, with a plot)."""
+    body = loadtest.demo_model(api)
+    assert body is not None
+    result = loadtest.on_demo_model(api, body, hold_s=10, max_tokens=32)
+    events = result.events
+    assert events.scaled_out is not None and events.new_replica_ready is not None
+    assert events.new_replica_answered is not None and events.removed_replica_gone is not None
+    peak = max(s.hpa_average or 0 for s in result.samples if s.phase == "surge")
+    assert peak > result.target, f"the HPA's metric peaked at {peak}, under its target {result.target}"
+    assert max(s.desired_replicas for s in result.samples) == result.max_replicas == 2
+    assert any(s.phase == "calm" and s.clients == 1 for s in result.samples)
+    calm = [r for r in result.requests if r.phase == "calm"]
+    assert calm, "no request ran while the HPA scaled in"
+    assert not result.failed(), [r.error for r in result.failed()][:5]
+    assert events.in_flight_at_scale_in and len(events.removed_pods) == 1
+    (folder,) = (layout.root / "executor" / "pods").glob(f"{demo.NAMESPACE}_{events.removed_pods[0]}_*")
+    stopped = (folder / "triton" / "output.log").read_text(errors="replace")
+    # SIGTERM: Triton waits for its HTTP connections (the streams it is answering) and in-flight inferences
+    assert "Waiting for in-flight requests to complete" in stopped
+    assert re.search(r"Found [1-9]\d* (HTTP service connections|model versions that have in-flight inferences)"
+                     r"|finishing [1-9]\d* request", stopped), \
+        "the removed replica held no request when it was stopped: the drain went untested"

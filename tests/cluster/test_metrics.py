@@ -14,26 +14,35 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import cluster, metrics
+from tailor.devcluster.simulated import published_results
 
-from conftest import wait_for
+from cmodels import OBJECTS, wait_phase
+from conftest import REPO, wait_for
 
 
 class Exporter:
-    """A Prometheus exporter on loopback: `vllm:num_requests_waiting` per pod, as the test sets it, labelled with
-    the pod's namespace and name (Prometheus honours them), listed in a file-discovery file of its own."""
+    """A Prometheus exporter on loopback: vLLM's gauges per pod, as the test sets them (`values` for
+    `vllm:num_requests_waiting`, `kv_usage` for `vllm:kv_cache_usage_perc`), labelled with the pod's namespace and
+    name (Prometheus honours them), listed in a file-discovery file of its own."""
 
     def __init__(self, layout: cluster.Layout, name: str) -> None:
         self.values: dict[tuple[str, str], float] = {}
+        self.kv_usage: dict[tuple[str, str], float] = {}
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                lines = ["# TYPE vllm:num_requests_waiting gauge"]
-                lines += [f'vllm:num_requests_waiting{{namespace="{ns}",pod="{pod}"}} {value}'
-                          for (ns, pod), value in sorted(exporter.values.items())]
+                lines = []
+                for metric, values in (("vllm:num_requests_waiting", exporter.values),
+                                       ("vllm:kv_cache_usage_perc", exporter.kv_usage)):
+                    lines.append(f"# TYPE {metric} gauge")
+                    lines += [f'{metric}{{namespace="{ns}",pod="{pod}"}} {value}'
+                              for (ns, pod), value in sorted(values.items())]
                 body = ("\n".join(lines) + "\n").encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -117,3 +126,62 @@ def test_hpa_scales_a_simulated_pool_on_the_waiting_requests(api: client.ApiClie
     wait_for("3 replicas on the pool", lambda: len(running_pods()) == 3, timeout_s=60)
     conditions = {c.type: c for c in hpa().status.conditions}
     assert conditions["ScalingActive"].status == "True", conditions["ScalingActive"].message
+
+
+def _nemotron(name: str) -> dict[str, Any]:
+    """The H100 example on the simulated H100 pool: one replica of 8 requests of 10^6 tokens (a derived HPA target
+    of 2 waiting per replica), at most 2; scale-down without a stabilisation window, so the test need not wait."""
+    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
+    body["metadata"] = {"name": name}
+    spec = body["spec"]
+    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
+    spec["jobs"] = {"podAnnotations": published_results()}
+    spec["deployment"]["pools"][0]["concurrency"] = {"total": 8}
+    spec["deployment"]["autoscaling"] = {"scaleDownStabilizationSeconds": 0}
+    return dict(body)
+
+
+@pytest.mark.timeout(400)
+def test_nemotron_hpa_reads_fed_values_scales_within_its_bounds_and_the_pdb_holds(
+        api: client.ApiClient, namespace: str, operator: Any, exporter: Exporter) -> None:
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    autoscaling, policy = client.AutoscalingV2Api(api), client.PolicyV1Api(api)
+    OBJECTS.create(objects, namespace, _nemotron("super"))
+    wait_phase(objects, namespace, "super", "Ready", operator)
+    hpa = autoscaling.read_namespaced_horizontal_pod_autoscaler("super-h100-g1", namespace)
+    assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (1, 2)
+    assert [(m.pods.metric.name, m.pods.target.average_value) for m in hpa.spec.metrics] == [
+        ("vllm_requests_waiting", "2"), ("vllm_kv_cache_usage", "900m")]  # 8 per replica / 4; the KV default
+
+    def running() -> list[str]:
+        pods = core.list_namespaced_pod(namespace, label_selector="tailor.dev/revision=g1").items
+        return sorted(p.metadata.name for p in pods
+                      if p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
+
+    (first,) = wait_for("the replica to run on kwok", running)
+    exporter.values = {(namespace, first): 40}  # 40 waiting: 20 replicas wanted, maxReplicas is 2
+    exporter.kv_usage = {(namespace, first): 0.5}
+
+    def read() -> Any:
+        now = autoscaling.read_namespaced_horizontal_pod_autoscaler("super-h100-g1", namespace)
+        values = {m.pods.metric.name: m.pods.current.average_value for m in now.status.current_metrics or []
+                  if m.pods is not None}
+        return now if values == {"vllm_requests_waiting": "40", "vllm_kv_cache_usage": "500m"} else None
+
+    wait_for("the HPA to read the fed values", read, timeout_s=120, interval_s=2)
+    scaled = wait_for("the HPA to scale out", lambda: (h := read()) is not None and h.status.desired_replicas > 1
+                      and h, timeout_s=60, interval_s=2)
+    assert scaled.status.desired_replicas == 2, "the HPA went past maxReplicas"
+    pods = wait_for("2 replicas on the H100 pool", lambda: len(running()) == 2 and running(), timeout_s=60)
+    budget = wait_for("the PDB to count 2 healthy replicas", lambda: (b := policy.read_namespaced_pod_disruption_budget(
+        "super-h100-g1", namespace)).status.current_healthy == 2 and b, timeout_s=30)
+    assert budget.status.disruptions_allowed == 1
+
+    exporter.values = {(namespace, pod): 0 for pod in pods}  # the queue is gone: back to minReplicas
+    exporter.kv_usage = {(namespace, pod): 0.1 for pod in pods}
+    wait_for("the HPA to scale in", lambda: autoscaling.read_namespaced_horizontal_pod_autoscaler(
+        "super-h100-g1", namespace).status.desired_replicas == 1, timeout_s=120, interval_s=2)
+    (last,) = wait_for("one replica left", lambda: len(running()) == 1 and running(), timeout_s=60)
+    with pytest.raises(ApiException) as refused:  # a node drain may not take the last replica
+        core.create_namespaced_pod_eviction(last, namespace, {"metadata": {"name": last, "namespace": namespace}})
+    assert refused.value.status == 429 and "disruption budget" in refused.value.body

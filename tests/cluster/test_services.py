@@ -4,6 +4,7 @@ replica the executor runs, and stops reaching one that is being deleted, without
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -16,33 +17,40 @@ from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
 
 from conftest import wait_for
 
-# answers every GET with its pod's name; the executor rewrites --http-port to the loopback port it gives
-SERVER = ("import os, sys, http.server\n"
+# answers every GET with its pod's name; `/slow` first waits 3 s for a worker process (as Triton waits for vLLM's
+# engine process). On SIGTERM it stops listening and finishes the requests it holds, as Triton does: only the
+# main process is signalled, so a worker ended by it answers so. The executor rewrites --http-port.
+SERVER = ("import os, signal, subprocess, sys, threading, http.server\n"
           "class Handler(http.server.BaseHTTPRequestHandler):\n"
           "    def do_GET(self):\n"
-          "        body = os.environ['HOSTNAME'].encode()\n"
+          "        code = subprocess.run(['sleep', '3']).returncode if self.path == '/slow' else 0\n"
+          "        body = (os.environ['HOSTNAME'] if code == 0 else f'worker ended: {code}').encode()\n"
           "        self.send_response(200)\n"
           "        self.send_header('Content-Length', str(len(body)))\n"
           "        self.end_headers()\n"
           "        self.wfile.write(body)\n"
           "    def log_message(self, *args):\n"
           "        pass\n"
-          "port = int(sys.argv[1].split('=')[1])\n"
-          "http.server.ThreadingHTTPServer(('127.0.0.1', port), Handler).serve_forever()\n")
+          "class Server(http.server.ThreadingHTTPServer):\n"
+          "    daemon_threads = False\n"
+          "server = Server(('127.0.0.1', int(sys.argv[1].split('=')[1])), Handler)\n"
+          "signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())\n"
+          "server.serve_forever()\n"
+          "server.server_close()\n")
 
 
 def _pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {
         "nodeSelector": {EXECUTOR_LABEL: "true"},
         "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
-        "terminationGracePeriodSeconds": 2,
+        "terminationGracePeriodSeconds": 10,
         "containers": [{"name": "web", "image": "python", "command": ["python", "-c", SERVER, "--http-port=8080"],
                         "ports": [{"name": "http", "containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}
 
 
-def _answer(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+def _answer(port: int, path: str = "/") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as reply:
         return str(reply.read().decode())
 
 
@@ -78,3 +86,29 @@ def test_a_service_spreads_over_ready_replicas_and_drops_one_being_deleted(api: 
     wait_for("web-a to be gone", lambda: not core.list_namespaced_pod(
         namespace, field_selector="metadata.name=web-a").items, 30)
     assert {_answer(port) for _ in range(6)} == {"web-b"}
+
+
+@pytest.mark.timeout(120)
+def test_a_request_in_flight_when_its_pod_is_deleted_finishes(api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
+        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    core.create_namespaced_pod(namespace, _pod("web-a"))
+
+    def announced() -> int | None:
+        annotations = core.read_namespaced_service("web", namespace).metadata.annotations or {}
+        return json.loads(annotations[PORTS_ANNOTATION])["http"] if PORTS_ANNOTATION in annotations else None
+
+    port = wait_for("the Service's loopback port", announced, 60)
+    wait_for("the replica to answer", lambda: _answers(port, 1) == {"web-a"}, 60)
+    answer: list[str] = []
+    slow = threading.Thread(target=lambda: answer.append(_answer(port, "/slow")))
+    slow.start()
+    time.sleep(1)  # the request is in flight
+    core.delete_namespaced_pod("web-a", namespace)
+    slow.join(timeout=30)
+    assert answer == ["web-a"], "the request in flight was cut when its pod was deleted"
+    wait_for("web-a to be gone", lambda: not core.list_namespaced_pod(
+        namespace, field_selector="metadata.name=web-a").items, 30)
+    with pytest.raises(OSError):  # no ready replica: the Service refuses the connection
+        _answer(port)

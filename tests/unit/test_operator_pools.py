@@ -119,6 +119,7 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
             autoscaler["spec"]["metrics"]] == [("vllm_requests_waiting", str(math.ceil(plan.max_num_seqs() / 4))),
                                               ("vllm_kv_cache_usage", "900m")]
     assert autoscaler["spec"]["minReplicas"] == 1 and autoscaler["spec"]["maxReplicas"] == 2
+    assert budget["spec"]["minAvailable"] == 1  # a drain never takes the last ready replica
     down = autoscaler["spec"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] == 300 and down["policies"] == [
         {"type": "Pods", "value": 1, "periodSeconds": 60}]
