@@ -8,6 +8,7 @@ folder, so `down` (or a later session) finds and stops exactly what `up` started
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -332,6 +333,10 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
                  *[f"node/{node['metadata']['name']}" for node in nodes])
     except BaseException:
         _stop(layout, [name for name in reversed(COMPONENTS) if name in started])
+        if "prometheus-adapter" in started:  # registered, now served by nobody: it would stall discovery
+            with contextlib.suppress(RuntimeError):
+                tool("kubectl", bin_dir, layout, "delete", "--ignore-not-found", "apiservice",
+                     f"{metrics.API_VERSION}.{metrics.API_GROUP}")
         raise
     log(f"devcluster up: export KUBECONFIG={layout.kubeconfig}")
     return layout

@@ -37,7 +37,7 @@ and its Triton pods run the real tritonserver on this machine.
   `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so the operator's own pod runs with exactly its
   ServiceAccount's permissions.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
-  probes, multi-node torchrun (an Indexed Job's ranks would all run here).
+  probes, lifecycle hooks other than a preStop sleep, multi-node torchrun (an Indexed Job's ranks would all run here).
 """
 
 from __future__ import annotations
@@ -184,6 +184,16 @@ class Token:
 
 
 @dataclass
+class Draining:
+    """A pod being deleted: when its containers get SIGTERM (after its preStop sleep), and when its grace period
+    ends."""
+
+    signal_at: float
+    deadline: float
+    signalled: bool = False
+
+
+@dataclass
 class LocalPod:
     uid: str
     namespace: str
@@ -235,7 +245,7 @@ class Executor:
         self.last_heartbeat = 0.0
         self.scrape_file = None if scrape is None else scrape / "pods.json"
         self.proxy = services.ServiceProxy()
-        self.terminating: dict[str, float] = {}  # uid -> when the pod's grace period ends
+        self.terminating: dict[str, Draining] = {}  # by uid: the pods being deleted
 
     # --- node and volumes -------------------------------------------------------------------------
 
@@ -348,23 +358,28 @@ class Executor:
                 log(f"service {namespace}/{name}: on loopback at {ports}")
 
     def drain(self, pod: Any) -> None:
-        """A pod being deleted, once out of every Service: SIGTERM on the first pass (its server refuses new
-        requests and finishes those it holds), then left to end on its own while the executor goes on with the
-        others; stopped and its API object removed once its containers ended, or killed at its grace period's
-        end (the shims kill their trees by then too)."""
-        uid = pod.metadata.uid
+        """A pod being deleted, once out of every Service: as a kubelet does, its preStop sleep first (a `sleep`
+        action, or an exec hook that is `sleep N`: other hooks are not run here), then SIGTERM to each container's
+        main process (a server refuses new requests and finishes those it holds), then left to end on its own
+        while the executor goes on with the others; stopped and its API object removed once its containers
+        ended, or killed when its grace period (counted from the first pass) ends."""
+        uid, now = pod.metadata.uid, time.monotonic()
         local = self.pods.get(uid)
-        if local is not None and uid not in self.terminating:
-            self.terminating[uid] = time.monotonic() + local.grace_s
-            for container in local.containers:
-                if container.exit_code is None and container.pid is not None and container.running():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(container.pid, signal.SIGTERM)
-            log(f"{local.namespace}/{local.name}: draining (SIGTERM, up to {local.grace_s:.0f}s)")
-        if local is not None and any(c.exit_code is None and c.running() for c in local.containers) \
-                and time.monotonic() < self.terminating[uid]:
-            return
-        self.terminating.pop(uid, None)
+        if local is not None:
+            draining = self.terminating.get(uid)
+            if draining is None:
+                delay = min(local.grace_s, max((_pre_stop_sleep(c.spec) for c in local.containers), default=0.0))
+                draining = self.terminating[uid] = Draining(now + delay, now + local.grace_s)
+                log(f"{local.namespace}/{local.name}: draining (SIGTERM after {delay:.0f}s, stopped within "
+                    f"{local.grace_s:.0f}s)")
+            if not draining.signalled and now >= draining.signal_at:
+                draining.signalled = True
+                for container in local.containers:
+                    if container.exit_code is None and container.pid is not None and container.running():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(container.pid, signal.SIGTERM)
+            if now < draining.deadline and any(c.exit_code is None and c.running() for c in local.containers):
+                return
         self.stop(uid, grace_s=0)
         self._force_delete(pod)
 
@@ -693,6 +708,17 @@ def loopback_args(argv: list[str]) -> list[str]:
                 kept.append(arg)
         return [*kept, *forced]
     return argv
+
+
+def _pre_stop_sleep(spec: Mapping[str, Any]) -> float:
+    """Seconds a container's preStop hook sleeps: its `sleep` action, or an exec hook that is `sleep N`."""
+    hook = (spec.get("lifecycle") or {}).get("preStop") or {}
+    if "sleep" in hook:
+        return float(hook["sleep"].get("seconds", 0))
+    command = (hook.get("exec") or {}).get("command") or []
+    if len(command) == 2 and command[0] == "sleep" and command[1].replace(".", "", 1).isdigit():
+        return float(command[1])
+    return 0.0
 
 
 def _announced(service: Any) -> dict[str, int]:

@@ -187,53 +187,54 @@ def run(api: client.ApiClient, namespace: str, service: str, hpa: str, send: Cal
         deadline = time.monotonic() + timeout_s
         while not done(now := sample()):
             if time.monotonic() > deadline:
-                clients.stop()
                 raise TimeoutError(f"{phase}: no {what} after {timeout_s:.0f}s; last sample {now.model_dump()}")
             time.sleep(SAMPLE_S)
 
     events = result.events
     start_replicas = len(pods_at_start)
-    log(f"load test on Service {namespace}/{service}: {surge_clients} clients until HPA {hpa} scales out")
-    clients.set(surge_clients, "surge")
+    try:
+        log(f"load test on Service {namespace}/{service}: {surge_clients} clients until HPA {hpa} scales out")
+        clients.set(surge_clients, "surge")
 
-    def grown(now: Sample) -> bool:
-        if events.scaled_out is None and now.desired_replicas > start_replicas:
-            events.scaled_out = now.at
-            log(f"HPA {hpa}: {start_replicas} -> {now.desired_replicas} replicas at {now.at:.0f}s "
-                f"({result.metric} {now.hpa_average} per replica, target {result.target})")
-        if events.new_replica_ready is None and now.ready_replicas > start_replicas:
-            events.new_replica_ready = now.at
-            log(f"a new replica is Ready at {now.at:.0f}s")
-        new = [pod for pod, count in now.answered.items() if pod not in pods_at_start and count > 0]
-        if events.new_replica_answered is None and new and events.new_replica_ready is not None:
-            events.new_replica_answered = now.at
-            log(f"{new[0]} answers requests at {now.at:.0f}s")
-        return events.new_replica_answered is not None
+        def grown(now: Sample) -> bool:
+            if events.scaled_out is None and now.desired_replicas > start_replicas:
+                events.scaled_out = now.at
+                log(f"HPA {hpa}: {start_replicas} -> {now.desired_replicas} replicas at {now.at:.0f}s "
+                    f"({result.metric} {now.hpa_average} per replica, target {result.target})")
+            if events.new_replica_ready is None and now.ready_replicas > start_replicas:
+                events.new_replica_ready = now.at
+                log(f"a new replica is Ready at {now.at:.0f}s")
+            new = [pod for pod, count in now.answered.items() if pod not in pods_at_start and count > 0]
+            if events.new_replica_answered is None and new and events.new_replica_ready is not None:
+                events.new_replica_answered = now.at
+                log(f"{new[0]} answers requests at {now.at:.0f}s")
+            return events.new_replica_answered is not None
 
-    until("surge", "second replica answering", grown)
-    hold_until = time.monotonic() + hold_s
-    until("surge", "end of the hold", lambda _: time.monotonic() > hold_until)
+        until("surge", "second replica answering", grown)
+        hold_until = time.monotonic() + hold_s
+        until("surge", "end of the hold", lambda _: time.monotonic() > hold_until)
 
-    log(f"load test: {calm_clients} clients until HPA {hpa} scales back to {spec.min_replicas}")
-    clients.set(calm_clients, "calm")
-    scaled = set(_pods(api, namespace, deployment))
+        log(f"load test: {calm_clients} clients until HPA {hpa} scales back to {spec.min_replicas}")
+        clients.set(calm_clients, "calm")
+        scaled = set(_pods(api, namespace, deployment))
 
-    def shrunk(now: Sample) -> bool:
-        if events.scaled_in is None and now.desired_replicas < max(s.desired_replicas for s in result.samples):
-            events.scaled_in, events.in_flight_at_scale_in = now.at, clients.in_flight
-            log(f"HPA {hpa}: down to {now.desired_replicas} replica(s) at {now.at:.0f}s, {clients.in_flight} "
-                "request(s) in flight")
-        left = set(_pods(api, namespace, deployment))
-        if events.scaled_in is not None and len(left) <= spec.min_replicas:
-            events.removed_replica_gone, events.removed_pods = now.at, sorted(scaled - left)
-            log(f"the removed replica ({', '.join(events.removed_pods)}) is gone at {now.at:.0f}s")
-        return events.removed_replica_gone is not None
+        def shrunk(now: Sample) -> bool:
+            if events.scaled_in is None and now.desired_replicas < max(s.desired_replicas for s in result.samples):
+                events.scaled_in, events.in_flight_at_scale_in = now.at, clients.in_flight
+                log(f"HPA {hpa}: down to {now.desired_replicas} replica(s) at {now.at:.0f}s, {clients.in_flight} "
+                    "request(s) in flight")
+            left = set(_pods(api, namespace, deployment))
+            if events.scaled_in is not None and len(left) <= spec.min_replicas:
+                events.removed_replica_gone, events.removed_pods = now.at, sorted(scaled - left)
+                log(f"the removed replica ({', '.join(events.removed_pods)}) is gone at {now.at:.0f}s")
+            return events.removed_replica_gone is not None
 
-    until("calm", "scale-down to minReplicas", shrunk)
-    clients.set(0, "idle")
-    idle_until = time.monotonic() + idle_s
-    until("idle", "end of the idle tail", lambda _: time.monotonic() > idle_until)
-    clients.stop()
+        until("calm", "scale-down to minReplicas", shrunk)
+        clients.set(0, "idle")
+        idle_until = time.monotonic() + idle_s
+        until("idle", "end of the idle tail", lambda _: time.monotonic() > idle_until)
+    finally:  # whatever happens, no client goes on sending
+        clients.stop()
     log(f"load test: {len(result.requests)} requests, {len(result.failed())} failed")
     return result
 

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ class Listener:
         self.socket.listen(256)
         self.port: int = self.socket.getsockname()[1]
         self.backends: list[int] = []
+        self.closed = False
         self._turn = itertools.count()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, name=f"service {what}", daemon=True).start()
@@ -65,18 +67,26 @@ class Listener:
             return self.backends[next(self._turn) % len(self.backends)] if self.backends else None
 
     def _accept(self) -> None:
-        while True:
+        while not self.closed:
             try:
                 connection, _ = self.socket.accept()
-            except OSError:
-                return  # closed
+            except OSError as error:
+                if not self.closed:  # out of descriptors, say: the port must keep listening
+                    log(f"service {self.what}: accept failed: {error}")
+                    time.sleep(0.1)
+                continue
             backend = self._next()
             if backend is None:
                 connection.close()
                 continue
-            threading.Thread(target=_relay, args=(connection, backend), daemon=True).start()
+            try:
+                threading.Thread(target=_relay, args=(connection, backend), daemon=True).start()
+            except RuntimeError as error:  # no thread to spare: this connection is refused, not the port
+                log(f"service {self.what}: {error}")
+                connection.close()
 
     def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(OSError):
             self.socket.shutdown(socket.SHUT_RDWR)
         self.socket.close()

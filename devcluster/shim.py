@@ -114,7 +114,7 @@ def run(parent: int, grace_s: float, exit_file: Path, command: list[str]) -> int
         if not stopping:
             stopping = True
             if process is not None:
-                _kill(process.pid, signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)  # nothing once it has been waited for
             signal.alarm(max(1, round(grace_s)))
 
     def kill(*_: object) -> None:
@@ -136,7 +136,7 @@ def run(parent: int, grace_s: float, exit_file: Path, command: list[str]) -> int
             code = NOT_FOUND
         else:
             if stopping:  # told to stop while it started
-                _kill(process.pid, signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
             code = exit_code(process.wait())
             signal.alarm(0)
     kill_tree(os.getpid(), include_self=False)  # what COMMAND left behind

@@ -97,13 +97,17 @@ def service(model: dict[str, Any], pool: str, generation: int) -> dict[str, Any]
 
 
 def hpa_target(plan: PoolPlan, deployment: DeploymentSpec) -> float:
-    """The average per replica the HPA holds the pool's metric to: the spec's, or derived from the sizing."""
+    """The average per replica the HPA holds the pool's metric to: the spec's, or derived from the sizing for the
+    series the pool's engine reports under that name (the Python engine's KV-cache name is its waiting count)."""
     autoscaling = deployment.autoscaling
     if autoscaling.target is not None:
         return autoscaling.target
-    if autoscaling.metric == "requestsWaiting":
+    metric = autoscaling.metric
+    if plan.engine is Engine.PYTHON and metric == "kvCacheUsage":
+        metric = "requestsWaiting"
+    if metric == "requestsWaiting":
         return max(1, math.ceil(WAITING_SHARE_OF_BATCH * plan.max_num_seqs()))
-    return DEFAULT_TARGETS[autoscaling.metric]
+    return DEFAULT_TARGETS[metric]
 
 
 def autoscaler(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, Any]:
@@ -173,7 +177,8 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "startupProbe": probe("/v2/health/ready", startup),
         "livenessProbe": probe("/v2/health/live", 3),
         "readinessProbe": probe("/v2/health/ready", 3),
-        "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_S}}},
+        # an exec hook, not the sleep action: that needs Kubernetes 1.30, the chart supports 1.29
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
         "securityContext": RESTRICTED,
     }
     pod = {

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+FINALIZE_WAIT_S = 600  # the longest an unload waits for the requests in the engine (drainSeconds' default)
 IPC_FOLDER_MAX = 64  # the socket names vLLM adds are 37 characters (a slash and a UUID)
 
 # The stub's embedded interpreter keeps the C locale, so files open as ASCII; torch reads its kernel templates
@@ -216,10 +217,13 @@ class TritonPythonModel:
     def finalize(self) -> None:
         """The model is unloaded (the server stops, its pod drained, or an unload): the requests in the engine
         finish first, since Triton may count a decoupled request done once its request object is released. The
-        server's `--exit-timeout-secs` and the pod's grace period bound the wait."""
+        server's `--exit-timeout-secs` and the pod's grace period bound the wait, and FINALIZE_WAIT_S an unload's;
+        what is left then is cancelled."""
         if self.pending:
             pb_utils.Logger.log_info(f"{self.name}: finishing {len(self.pending)} request(s) before unloading")
-            concurrent.futures.wait(list(self.pending))
+            concurrent.futures.wait(list(self.pending), timeout=FINALIZE_WAIT_S)
+        for future in list(self.pending):
+            future.cancel()
         self.engine.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)

@@ -71,13 +71,13 @@ def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
     marker = f"600.{uuid.uuid4().int % 10**9:09d}"
     core.create_namespaced_pod(namespace, _pod("server", ["sleep", marker], "Always"))
     wait_for("the server pod to run", lambda: _status(core, namespace, "server").phase == "Running", 60)
-    assert len(sleeping(marker)) == 1
+    wait_for("one process of the pod", lambda: len(sleeping(marker)) == 1, 10)  # the shim starts it just after
 
     _stop_executor(devcluster, signal.SIGTERM)  # `tailor devcluster down` stops it so
     assert sleeping(marker) == [], "a pod's process outlived the executor"
     cluster.up()
     wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 1), 60)
-    assert len(sleeping(marker)) == 1
+    wait_for("one process of the pod", lambda: len(sleeping(marker)) == 1, 10)  # the shim starts it just after
     assert _status(core, namespace, "report").phase == "Succeeded"
 
     monkeypatch.undo()  # the executor the other tests get runs in the test session's environment
@@ -85,4 +85,4 @@ def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
     wait_for("the pod's process to end with the executor", lambda: not sleeping(marker), 10)
     cluster.up()
     wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 2), 60)
-    assert len(sleeping(marker)) == 1
+    wait_for("one process of the pod", lambda: len(sleeping(marker)) == 1, 10)  # the shim starts it just after

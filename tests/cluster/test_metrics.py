@@ -182,6 +182,8 @@ def test_nemotron_hpa_reads_fed_values_scales_within_its_bounds_and_the_pdb_hold
     wait_for("the HPA to scale in", lambda: autoscaling.read_namespaced_horizontal_pod_autoscaler(
         "super-h100-g1", namespace).status.desired_replicas == 1, timeout_s=120, interval_s=2)
     (last,) = wait_for("one replica left", lambda: len(running()) == 1 and running(), timeout_s=60)
+    wait_for("the PDB to allow no disruption", lambda: policy.read_namespaced_pod_disruption_budget(
+        "super-h100-g1", namespace).status.disruptions_allowed == 0, timeout_s=30)
     with pytest.raises(ApiException) as refused:  # a node drain may not take the last replica
         core.create_namespaced_pod_eviction(last, namespace, {"metadata": {"name": last, "namespace": namespace}})
     assert refused.value.status == 429 and "disruption budget" in refused.value.body

@@ -46,7 +46,10 @@ def _pod(name: str) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 10,
         "containers": [{"name": "web", "image": "python", "command": ["python", "-c", SERVER, "--http-port=8080"],
                         "ports": [{"name": "http", "containerPort": 8080}],
-                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}
+                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+                        # as the operator gives Triton: a connection the Service routed just before the pod left
+                        # it reaches the server before it stops listening
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}}}]}}
 
 
 def _answer(port: int, path: str = "/") -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tailor.devcluster import build, metrics, nodes, pki
+from tailor.devcluster import build, executor, metrics, nodes, pki
 
 
 def test_default_pools_match_the_documented_fleet() -> None:
@@ -114,3 +115,13 @@ def test_the_adapter_runs_the_charts_rules(tmp_path: Path) -> None:
     bad.write_text("rules:\n  default: false\n")
     with pytest.raises(ValueError, match=r"values\.yaml: rules\.custom: expected a list"):
         metrics.adapter_config(bad)
+
+
+@pytest.mark.parametrize(("lifecycle", "seconds"), [
+    ({"preStop": {"sleep": {"seconds": 7}}}, 7.0),
+    ({"preStop": {"exec": {"command": ["sleep", "5"]}}}, 5.0),  # what the operator gives Triton
+    ({"preStop": {"exec": {"command": ["sh", "-c", "sleep 5"]}}}, 0.0),  # not run here: no delay
+    (None, 0.0),
+])
+def test_the_executor_delays_sigterm_by_a_pre_stop_sleep(lifecycle: dict[str, Any] | None, seconds: float) -> None:
+    assert executor._pre_stop_sleep({"name": "triton", "lifecycle": lifecycle}) == seconds

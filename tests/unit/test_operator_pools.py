@@ -125,7 +125,8 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
         {"type": "Pods", "value": 1, "periodSeconds": 60}]
     # drained on the way out: Triton finishes what it holds within drainSeconds, inside the grace period
     assert "--exit-timeout-secs=600" in container["args"]
-    assert pod["terminationGracePeriodSeconds"] > 600 + container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]  # kube-proxy catches up first
+    assert pod["terminationGracePeriodSeconds"] > 600 + 5
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
         manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i")
@@ -138,6 +139,7 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     ({"metric": "queueTimeSeconds", "kvCacheTarget": 0.75}, Engine.VLLM, [("vllm_queue_time_seconds", "2"),
                                                                           ("vllm_kv_cache_usage", "750m")]),
     ({"metric": "requestsWaiting"}, Engine.PYTHON, [("triton_requests_waiting", "1")]),  # no KV metric there
+    ({"metric": "kvCacheUsage"}, Engine.PYTHON, [("triton_requests_waiting", "1")]),  # its waiting count, not 0.8
 ])
 def test_hpa_metrics_and_targets(autoscaling: dict[str, Any], engine: Engine, expected: list[tuple[str, str]]
                                  ) -> None:
