@@ -19,6 +19,7 @@ HPA's status, the Deployment's ready replicas, and Prometheus (requests answered
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import threading
@@ -283,11 +284,16 @@ def generate_stream(url: str, model_name: str, prompt: str, sampling: dict[str, 
     text. An HTTP/1.1 client like this one is spread over the replicas request by request; a gRPC client keeps
     one HTTP/2 connection, so an L4 Service (kube-proxy, or the devcluster's) pins it to one replica."""
     body = json.dumps({"text_input": prompt, "stream": True, "sampling_parameters": json.dumps(sampling),
-                       "exclude_input_in_output": True}).encode()
-    request = urllib.request.Request(f"{url}/v2/models/{model_name}/generate_stream", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "Connection": "close"})
+                       "exclude_input_in_output": True})
+    address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port, timeout=timeout_s)
     pieces = []
-    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+    try:  # closed whatever happens: a connection the server closed unanswered must not wait for the collector
+        connection.request("POST", f"/v2/models/{model_name}/generate_stream", body=body,
+                           headers={"Content-Type": "application/json", "Connection": "close"})
+        reply = connection.getresponse()
+        if reply.status != 200:
+            raise RuntimeError(f"{model_name}: HTTP {reply.status}: {reply.read()[:300]!r}")
         for line in reply:
             if not line.startswith(b"data: "):
                 continue
@@ -295,6 +301,8 @@ def generate_stream(url: str, model_name: str, prompt: str, sampling: dict[str, 
             if "error" in event:
                 raise RuntimeError(f"{model_name}: {event['error']}")
             pieces.append(event.get("text_output", ""))
+    finally:
+        connection.close()
     if not pieces:
         raise RuntimeError(f"{model_name}: the stream ended without text")
     return "".join(pieces)

@@ -5,7 +5,6 @@ references sized on the simulated GPU pools."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -61,7 +60,7 @@ def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[
 def scales_out_and_back_in_under_load(api: client.ApiClient, layout: cluster.Layout) -> None:
     """The served model under load through its Service: the queue metric rises past its target, the HPA adds a
     replica on local-0, which becomes Ready and answers; with the load down to a few clients it scales back to 1,
-    the removed replica drained (its Triton log shows the requests it held finishing): no request fails
+    the removed replica drained (Triton stops cleanly once out of the Service): no request fails
     (bench/autoscaling.py, with a plot)."""
     body = loadtest.demo_model(api)
     assert body is not None
@@ -76,11 +75,11 @@ def scales_out_and_back_in_under_load(api: client.ApiClient, layout: cluster.Lay
     calm = [r for r in result.requests if r.phase == "calm"]
     assert calm, "no request ran while the HPA scaled in"
     assert not result.failed(), [r.error for r in result.failed()][:5]
-    assert events.in_flight_at_scale_in and len(events.removed_pods) == 1
+    assert events.in_flight_at_scale_in and len(events.removed_pods) == 1  # clients were sending as it went
     (folder,) = (layout.root / "executor" / "pods").glob(f"{demo.NAMESPACE}_{events.removed_pods[0]}_*")
     stopped = (folder / "triton" / "output.log").read_text(errors="replace")
-    # SIGTERM: Triton waits for its HTTP connections (the streams it is answering) and in-flight inferences
+    # out of the Service, then its preStop sleep (the requests it held ended meanwhile), then SIGTERM: Triton
+    # waits for in-flight requests, unloads the model and exits cleanly
     assert "Waiting for in-flight requests to complete" in stopped
-    assert re.search(r"Found [1-9]\d* (HTTP service connections|model versions that have in-flight inferences)"
-                     r"|finishing [1-9]\d* request", stopped), \
-        "the removed replica held no request when it was stopped: the drain went untested"
+    assert "successfully unloaded 'smollm2-cpu'" in stopped
+    assert (folder / "triton" / "exit-code").read_text().strip() == "0"

@@ -51,6 +51,9 @@ class FakeCore:
     def list_pod_for_all_namespaces(self, field_selector: str) -> Any:
         return SimpleNamespace(items=list(self.pods))
 
+    def list_service_for_all_namespaces(self) -> Any:
+        return SimpleNamespace(items=[])
+
     def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
         pass
 
