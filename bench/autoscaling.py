@@ -103,7 +103,7 @@ def main() -> int:
     report = {"what": "measured on the devcluster: the demo's SmolLM2 child, Triton + vLLM (CPU build)",
               "hold_s": args.hold, "max_tokens": args.max_tokens, "calm_tokens": args.calm_tokens,
               "over_time": rows, **result.model_dump()}
-    args.results.write_text(json.dumps(report, indent=1) + "\n")
+    args.results.write_text(json.dumps(report) + "\n")  # thousands of requests: one line
     plot(result, rows, args.results.with_suffix(".png"))
     events = result.events
     print(f"HPA {result.hpa} on {result.metric} (target {result.target:g} per replica, "
