@@ -27,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import build, cluster
-from tailor.devcluster.executor import PORTS_ANNOTATION
+from tailor.devcluster.executor import PORTS_ANNOTATION, announced_ports
 from tailor.devcluster.log import log
 from tailor.devcluster.metrics import RELIST_INTERVAL_S, SCRAPE_INTERVAL_S
 from tailor.devcluster.simulated import published_results
@@ -309,11 +309,10 @@ def _seconds(stage: dict[str, Any]) -> float | None:
 
 def service_ports(api: client.ApiClient, namespace: str, name: str) -> dict[str, int]:
     """The loopback ports the devcluster gives a Service (what its ClusterIP is on a real cluster)."""
-    found: Any = client.CoreV1Api(api).read_namespaced_service(name, namespace)
-    announced = (found.metadata.annotations or {}).get(PORTS_ANNOTATION)
-    if announced is None:
+    ports = announced_ports(client.CoreV1Api(api).read_namespaced_service(name, namespace))
+    if not ports:
         raise RuntimeError(f"Service {namespace}/{name} has no loopback port yet ({PORTS_ANNOTATION})")
-    return {str(port): int(number) for port, number in json.loads(announced).items()}
+    return ports
 
 
 def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer: dict[str, Any],

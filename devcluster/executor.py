@@ -350,7 +350,7 @@ class Executor:
     def sync_services(self, endpoints: list[services.LocalEndpoint]) -> None:
         """Every Service's loopback listeners over `endpoints` (`services.py`), their ports announced on it."""
         found: list[Any] = self.core.list_service_for_all_namespaces().items
-        announced = {(s.metadata.namespace, s.metadata.name): _announced(s) for s in found}
+        announced = {(s.metadata.namespace, s.metadata.name): announced_ports(s) for s in found}
         for (namespace, name), ports in self.proxy.sync(found, endpoints, announced).items():
             if ports != announced[(namespace, name)]:
                 self.core.patch_namespaced_service(name, namespace, {"metadata": {"annotations": {
@@ -721,10 +721,11 @@ def _pre_stop_sleep(spec: Mapping[str, Any]) -> float:
     return 0.0
 
 
-def _announced(service: Any) -> dict[str, int]:
-    """The loopback ports announced on a Service, or none where the annotation is missing or not ours."""
+def announced_ports(found: Any) -> dict[str, int]:
+    """The loopback ports announced on a pod or Service (a V1Pod or V1Service), or none where the annotation is
+    missing or not ours."""
     try:
-        ports = json.loads((service.metadata.annotations or {}).get(PORTS_ANNOTATION, "{}"))
+        ports = json.loads((found.metadata.annotations or {}).get(PORTS_ANNOTATION, "{}"))
         return {str(name): int(port) for name, port in ports.items()}
     except (ValueError, TypeError, AttributeError):
         return {}

@@ -153,6 +153,12 @@ def run(api: client.ApiClient, namespace: str, service: str, hpa: str, send: Cal
                       target=_quantity(first.target.average_value),
                       min_replicas=spec.min_replicas, max_replicas=spec.max_replicas, surge_clients=surge_clients)
     deployment = spec.scale_target_ref.name
+    settle = time.monotonic() + timeout_s
+    while len(found := _pods(api, namespace, deployment)) > spec.min_replicas:
+        if time.monotonic() > settle:
+            raise TimeoutError(f"{deployment} still has {len(found)} pods after {timeout_s:.0f}s")
+        log(f"waiting for {deployment} to be back at {spec.min_replicas} replica(s): {len(found)} pods")
+        time.sleep(10)
     began = time.monotonic()
     lock = threading.Lock()
 
@@ -161,14 +167,6 @@ def run(api: client.ApiClient, namespace: str, service: str, hpa: str, send: Cal
             result.requests.append(request)
 
     clients = Clients(send, record, began)
-    settle = time.monotonic() + timeout_s
-    while len(found := _pods(api, namespace, deployment)) > spec.min_replicas:
-        if time.monotonic() > settle:
-            raise TimeoutError(f"{deployment} still has {len(found)} pods after {timeout_s:.0f}s")
-        log(f"waiting for {deployment} to be back at {spec.min_replicas} replica(s): {len(found)} pods")
-        time.sleep(10)
-    began = time.monotonic()
-    clients.began = began
     pods_at_start = set(_pods(api, namespace, deployment))
 
     def sample() -> Sample:

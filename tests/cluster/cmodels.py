@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -31,6 +33,18 @@ class _Objects:
 
 
 OBJECTS = _Objects()
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def h100_example(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """`examples/nemotron-super-h100.yaml` (NVFP4 weights, weight-only on Hopper, at 10^6 tokens) named `name`, its
+    stage pods annotated with `annotations` (how kwok learns their results), its parent private."""
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / "nemotron-super-h100.yaml").read_text())
+    body["metadata"] = {"name": name}
+    spec = body["spec"]
+    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
+    spec["jobs"] = {"podAnnotations": annotations, "backoffLimit": 1}
+    return body
 
 
 def cmodel(objects: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:

@@ -14,15 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tailor.devcluster import cluster, metrics
 from tailor.devcluster.simulated import published_results
 
-from cmodels import OBJECTS, wait_phase
-from conftest import REPO, wait_for
+from cmodels import OBJECTS, h100_example, wait_phase
+from conftest import wait_for
 
 
 class Exporter:
@@ -131,14 +130,10 @@ def test_hpa_scales_a_simulated_pool_on_the_waiting_requests(api: client.ApiClie
 def _nemotron(name: str) -> dict[str, Any]:
     """The H100 example on the simulated H100 pool: one replica of 8 requests of 10^6 tokens (a derived HPA target
     of 2 waiting per replica), at most 2; scale-down without a stabilisation window, so the test need not wait."""
-    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    body["metadata"] = {"name": name}
-    spec = body["spec"]
-    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
-    spec["jobs"] = {"podAnnotations": published_results()}
-    spec["deployment"]["pools"][0]["concurrency"] = {"total": 8}
-    spec["deployment"]["autoscaling"] = {"scaleDownStabilizationSeconds": 0}
-    return dict(body)
+    body = h100_example(name, published_results())
+    body["spec"]["deployment"]["pools"][0]["concurrency"] = {"total": 8}
+    body["spec"]["deployment"]["autoscaling"] = {"scaleDownStabilizationSeconds": 0}
+    return body
 
 
 @pytest.mark.timeout(400)

@@ -5,26 +5,21 @@ server, the Job, Deployment, HPA and garbage-collection controllers, the schedul
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tailor.devcluster.simulated import published_results
 
-from cmodels import OBJECTS, cmodel, events, jobs, wait_phase
+from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase
 from conftest import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+
 def example(name: str, annotations: dict[str, str], **deployment: Any) -> dict[str, Any]:
-    """The H100 example (NVFP4 weights, weight-only on Hopper, at 10^6 tokens) on an H100 and an A100-40GB pool."""
-    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    body["metadata"] = {"name": name}
+    """The H100 example on an H100 and an A100-40GB pool."""
+    body = h100_example(name, annotations)
     spec = body["spec"]
-    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
-    spec["jobs"] = {"podAnnotations": annotations, "backoffLimit": 1}
     spec["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
          "concurrency": {"perNode": 16}},

@@ -4,7 +4,6 @@ replica the executor runs, and stops reaching one that is being deleted, without
 from __future__ import annotations
 
 import http.client
-import json
 import threading
 import time
 from typing import Any
@@ -12,17 +11,21 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tailor.devcluster.executor import PORTS_ANNOTATION
+from tailor.devcluster import cluster
+from tailor.devcluster.executor import announced_ports
 from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
 
 from conftest import wait_for
 
-# answers every GET with its pod's name; `/slow` first waits 3 s for a worker process (as Triton waits for vLLM's
-# engine process). On SIGTERM it stops listening and finishes the requests it holds, as Triton does: only the
-# main process is signalled, so a worker ended by it answers so. The executor rewrites --http-port.
+# answers every GET with its pod's name; `/slow` says so on its output, then waits 3 s for a worker process (as
+# Triton waits for vLLM's engine process). On SIGTERM it stops listening and finishes the requests it holds, as
+# Triton does: only the main process is signalled, so a worker ended by it answers so. The executor rewrites
+# --http-port.
 SERVER = ("import os, signal, subprocess, sys, threading, http.server\n"
           "class Handler(http.server.BaseHTTPRequestHandler):\n"
           "    def do_GET(self):\n"
+          "        if self.path == '/slow':\n"
+          "            print('slow request received', flush=True)\n"
           "        code = subprocess.run(['sleep', '3']).returncode if self.path == '/slow' else 0\n"
           "        body = (os.environ['HOSTNAME'] if code == 0 else f'worker ended: {code}').encode()\n"
           "        self.send_response(200)\n"
@@ -71,20 +74,21 @@ def _answers(port: int, count: int) -> set[str]:
         return set()
 
 
+def _web_service(core: client.CoreV1Api, namespace: str) -> int:
+    """A Service `web` over the pods labelled app=web; its loopback port, once the executor announces it."""
+    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
+        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    return int(wait_for("the Service's loopback port", lambda: announced_ports(
+        core.read_namespaced_service("web", namespace)).get("http"), 60))
+
+
 @pytest.mark.timeout(180)
 def test_a_service_spreads_over_ready_replicas_and_drops_one_being_deleted(api: client.ApiClient,
                                                                           namespace: str) -> None:
     core = client.CoreV1Api(api)
-    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
-        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
     for name in ("web-a", "web-b"):
         core.create_namespaced_pod(namespace, _pod(name))
-
-    def announced() -> int | None:
-        annotations = core.read_namespaced_service("web", namespace).metadata.annotations or {}
-        return json.loads(annotations[PORTS_ANNOTATION])["http"] if PORTS_ANNOTATION in annotations else None
-
-    port = wait_for("the Service's loopback port", announced, 60)
+    port = _web_service(core, namespace)
     wait_for("both replicas to answer", lambda: _answers(port, 8) == {"web-a", "web-b"}, 60)
 
     core.delete_namespaced_pod("web-a", namespace)
@@ -98,22 +102,18 @@ def test_a_service_spreads_over_ready_replicas_and_drops_one_being_deleted(api: 
 
 
 @pytest.mark.timeout(120)
-def test_a_request_in_flight_when_its_pod_is_deleted_finishes(api: client.ApiClient, namespace: str) -> None:
+def test_a_request_in_flight_when_its_pod_is_deleted_finishes(api: client.ApiClient, devcluster: cluster.Layout,
+                                                               namespace: str) -> None:
     core = client.CoreV1Api(api)
-    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
-        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
     core.create_namespaced_pod(namespace, _pod("web-a"))
-
-    def announced() -> int | None:
-        annotations = core.read_namespaced_service("web", namespace).metadata.annotations or {}
-        return json.loads(annotations[PORTS_ANNOTATION])["http"] if PORTS_ANNOTATION in annotations else None
-
-    port = wait_for("the Service's loopback port", announced, 60)
+    port = _web_service(core, namespace)
     wait_for("the replica to answer", lambda: _answers(port, 1) == {"web-a"}, 60)
     answer: list[str] = []
     slow = threading.Thread(target=lambda: answer.append(_answer(port, "/slow")))
     slow.start()
-    time.sleep(1)  # the request is in flight
+    log = devcluster.root / "executor" / "pods"
+    wait_for("the replica to hold the request", lambda: any(
+        "slow request received" in path.read_text() for path in log.glob(f"{namespace}_web-a_*/web/output.log")), 30)
     core.delete_namespaced_pod("web-a", namespace)
     slow.join(timeout=30)
     assert answer == ["web-a"], "the request in flight was cut when its pod was deleted"
