@@ -13,8 +13,8 @@ and its Triton pods run the real tritonserver on this machine.
   `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports get free
   local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
   `devcluster.tailor.dev/ports: {"http": 31234, ...}`. The servers the executor knows listen on 127.0.0.1 only
-  (`LOOPBACK_ARGS`). Readiness comes from the container's httpGet probe. Phase, readiness, restarts and exit
-  codes go back through the pod's status.
+  (`LOOPBACK_ARGS`). Readiness comes from the container's httpGet readiness probe, with a kubelet's thresholds
+  (`Readiness`). Phase, readiness, restarts and exit codes go back through the pod's status.
 - **Processes**: each container runs under a shim (`shim.py`), the leader of a process group of its own, which
   stops the container (SIGTERM to its main process, SIGKILL to the whole tree after the pod's grace period), also
   when the executor dies, and
@@ -37,7 +37,8 @@ and its Triton pods run the real tritonserver on this machine.
   `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so the operator's own pod runs with exactly its
   ServiceAccount's permissions.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
-  probes, lifecycle hooks other than a preStop sleep, multi-node torchrun (an Indexed Job's ranks would all run here).
+  and tcp probes, liveness and startup probes, lifecycle hooks other than a preStop sleep, multi-node torchrun
+  (an Indexed Job's ranks would all run here).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ MESSAGE_BYTES = 4096
 HEARTBEAT_S = 10.0
 POLL_S = 1.0
 RESTART_DELAY_S = 5.0
+# a probe's fields when its spec leaves them out, as Kubernetes defaults them
+PROBE_DEFAULTS = {"periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3}
 GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec has none
 STOP_ALL_S = 12.0  # stopping the executor stops every pod within this (`cluster.down` kills it after 20 s)
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process tree may take to go
@@ -128,6 +131,28 @@ def _free_port() -> int:
 
 
 @dataclass
+class Readiness:
+    """A container's readiness as a kubelet keeps it from its probe's results: not ready until `successThreshold`
+    successes in a row, then ready until `failureThreshold` failures in a row (one slow answer from a busy server
+    does not take it out of its Services)."""
+
+    ready: bool = False
+    streak: int = 0  # results in a row that disagree with `ready`
+
+    def observe(self, success: bool, probe: Mapping[str, Any]) -> None:
+        if success == self.ready:
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak >= _probe_field(probe, "successThreshold" if success else "failureThreshold"):
+            self.ready, self.streak = success, 0
+
+    def reset(self) -> None:
+        """The container started or ended: not ready until probed again."""
+        self.ready, self.streak = False, 0
+
+
+@dataclass
 class Container:
     spec: dict[str, Any]
     folder: Path
@@ -136,7 +161,7 @@ class Container:
     pid_start: int | None = None  # when it started, to tell it from a later process given the same pid
     exit_code: int | None = None
     restarts: int = 0
-    ready: bool = False
+    readiness: Readiness = field(default_factory=Readiness)
     started_at: str | None = None
     finished_at: str | None = None
     exited_monotonic: float = 0.0
@@ -332,7 +357,7 @@ class Executor:
                     targets.append(target)
                 endpoints.append(services.LocalEndpoint(
                     local.namespace, local.name, pod.metadata.labels or {},
-                    bool(local.containers) and all(c.ready for c in local.containers), local.ports))
+                    bool(local.containers) and all(c.readiness.ready for c in local.containers), local.ports))
         try:
             self.sync_services(endpoints)
         finally:  # whatever the Services' state, pods being deleted go on draining
@@ -546,7 +571,8 @@ class Executor:
             container.process = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=sink,
                                                  stderr=subprocess.STDOUT, start_new_session=True)
         container.pid, container.pid_start = container.process.pid, shim.start_time(container.process.pid)
-        container.started_at, container.exit_code, container.ready = _now(), None, False
+        container.started_at, container.exit_code = _now(), None
+        container.readiness.reset()
         local.save()
 
     def check(self, local: LocalPod, pod: Any) -> None:
@@ -557,7 +583,8 @@ class Executor:
         for container in local.containers:
             if container.exit_code is None and not container.running():
                 container.exit_code, container.finished_at = container.last_exit_code(), _now()
-                container.exited_monotonic, container.ready = time.monotonic(), False
+                container.exited_monotonic = time.monotonic()
+                container.readiness.reset()
                 local.save()
                 log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}")
             if container.exit_code is not None and self._restarts(local, container) and \
@@ -565,9 +592,11 @@ class Executor:
                 container.restarts += 1
                 self._launch(local, container)
             probe = container.spec.get("readinessProbe") or {}
-            if container.exit_code is None and (not container.ready or time.monotonic() - container.probed_monotonic
-                                                >= probe.get("periodSeconds", 10)):
-                container.ready = self._probe(local, container.spec.get("readinessProbe"))
+            # probed every pass while not ready (a pod is Ready sooner than a kubelet's period allows), then every
+            # periodSeconds
+            if container.exit_code is None and (not container.readiness.ready or time.monotonic()
+                                                - container.probed_monotonic >= _probe_field(probe, "periodSeconds")):
+                container.readiness.observe(self._probe(local, container.spec.get("readinessProbe")), probe)
                 container.probed_monotonic = time.monotonic()
 
     @staticmethod
@@ -585,7 +614,8 @@ class Executor:
         if port is None:
             return False
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{http.get('path', '/')}", timeout=2) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{http.get('path', '/')}",
+                                        timeout=_probe_field(probe, "timeoutSeconds")) as reply:
                 return bool(200 <= reply.status < 400)
         except (urllib.error.URLError, OSError):
             return False
@@ -605,9 +635,9 @@ class Executor:
                                         "reason": "Completed" if container.exit_code == 0 else "Error",
                                         **({"message": message} if (message := self._message(container)) else {})}}
             statuses.append({"name": spec["name"], "image": spec.get("image", ""), "imageID": "",
-                             "ready": container.ready, "started": container.exit_code is None,
+                             "ready": container.readiness.ready, "started": container.exit_code is None,
                              "restartCount": container.restarts, "state": state})
-        ready = phase == "Running" and all(c.ready for c in local.containers)
+        ready = phase == "Running" and all(c.readiness.ready for c in local.containers)
         condition = "True" if ready else "False"
         body = {"status": {"phase": phase, "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
                            "hostIP": "127.0.0.1", "startTime": local.containers[0].started_at,
@@ -676,7 +706,8 @@ class Executor:
                 shim.kill_tree(container.pid)
         _wait_until_ended(running, KILL_WAIT_S)
         for container in running:
-            container.exit_code, container.finished_at, container.ready = container.last_exit_code(), _now(), False
+            container.exit_code, container.finished_at = container.last_exit_code(), _now()
+            container.readiness.reset()
 
 
 def pod_env(given: Mapping[str, str], host: Mapping[str, str], bin_dir: Path, pod_folder: Path, hostname: str,
@@ -708,6 +739,10 @@ def loopback_args(argv: list[str]) -> list[str]:
                 kept.append(arg)
         return [*kept, *forced]
     return argv
+
+
+def _probe_field(probe: Mapping[str, Any], name: str) -> int:
+    return int(probe.get(name, PROBE_DEFAULTS[name]))
 
 
 def _pre_stop_sleep(spec: Mapping[str, Any]) -> float:

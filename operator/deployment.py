@@ -28,6 +28,7 @@ REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps Triton
 SHM_PER_GPU_GIB = 8
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
 PROBE_PERIOD_S = 10
+PROBE_TIMEOUT_S = 5  # a server busy streaming answers its health endpoint late; a late answer is not a failure
 PROGRESS_MARGIN_S = 300  # scheduling and image pulls, beyond the startup probe's allowance
 SERVING_SERVICE_ACCOUNT = "tailor-serving"
 ENGINE_ANNOTATION = "tailor.dev/engine"
@@ -153,7 +154,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
 
     def probe(path: str, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
-                "failureThreshold": failures}
+                "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
 
     gpus = plan.tensor_parallel
     startup = startup_failure_threshold(plan.sizing.footprint.weights * gpus)

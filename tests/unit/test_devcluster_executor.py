@@ -373,3 +373,21 @@ def test_a_pod_that_fails_to_start_leaves_no_process(tmp_path: Path, marker: str
     executor.sync()
     assert core.statuses["broken"]["reason"] == "StartError"
     wait_for("the first container's process to end", lambda: not processes(marker), 10)
+
+
+def test_readiness_follows_the_probes_thresholds_as_a_kubelet_does() -> None:
+    probe = {"failureThreshold": 3, "successThreshold": 2}
+    readiness = executor_module.Readiness()
+    verdicts = []
+    for success in (True, False, True, True, False, False, True, False, False, False, True):
+        readiness.observe(success, probe)
+        verdicts.append(readiness.ready)
+    # ready after 2 successes in a row; one failure, or two, between successes leave it ready; 3 in a row do not
+    assert verdicts == [False, False, False, True, True, True, True, True, True, False, False]
+    readiness.observe(True, {})  # Kubernetes' defaults: one success makes it ready, three failures unready
+    assert readiness.ready
+    for _ in range(2):
+        readiness.observe(False, {})
+    assert readiness.ready
+    readiness.observe(False, {})
+    assert not readiness.ready
