@@ -10,8 +10,12 @@ OPERATOR_TESTS := tests/unit/test_operator_*.py tests/unit/test_api.py tests/uni
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell sha256sum constraints-vllm.txt | cut -c1-12)
+# Debian's image tools (bookworm's versions): buildah builds, podman measures, skopeo pushes, debootstrap makes
+# the base
+IMAGE_TOOLS := buildah=1.28.2+ds1-3+deb12u1+b3 podman=4.3.1+ds1-8+deb12u1+b3 skopeo=1.9.3+ds1-1+b10 \
+	debootstrap=1.0.128+nmu2+deb12u2
 
-.PHONY: help setup engine build up down demo test test-operator lint
+.PHONY: help setup engine build up down demo test test-operator lint image-tools images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -44,6 +48,15 @@ down: setup ## stop the devcluster
 demo: build ## quick start: devcluster, the Helm chart, SmolLM2-135M compressed, quantized and served by Triton
 	$(TAILOR) demo $(DEMO_ARGS)
 
+image-tools: ## install Debian's buildah, podman, skopeo and debootstrap (apt-get, as root) where missing
+	@missing=$$(for tool in $(IMAGE_TOOLS); do dpkg-query -W -f='$${Version}' $${tool%%=*} 2>/dev/null \
+		| grep -qx "$${tool#*=}" || echo $$tool; done); \
+	if [ -n "$$missing" ]; then apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+images: setup image-tools ## build the operator and runtime images as OCI archives in build/images (buildah, root)
+	$(BIN)/python images/build.py $(IMAGES)
+
 lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(BIN)/ruff check .
 	@# mypy resolves `tailor.*` through a link farm shaped like the installed package
@@ -52,7 +65,7 @@ lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(BIN)/lint-imports
 	$(TAILOR) crd generate --check
 
-test: build lint ## lint, then every test (cluster tests start the devcluster once)
+test: build image-tools lint ## lint, then every test (cluster tests start the devcluster once)
 	$(BIN)/pytest
 
 test-operator: setup ## the operator's unit tests alone: no cluster, no torch, seconds

@@ -96,9 +96,18 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="generate max-tokens whatever comes")
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from tailor.compressor.serving import client
+def _client() -> Any:
+    """The serving client, which needs Triton's client library (the `compressor` extra)."""
+    try:
+        from tailor.compressor.serving import client
+    except ModuleNotFoundError as missing:
+        raise SystemExit(f"error: {missing.name} is not installed: this command needs "
+                         "pip install 'tailor[compressor]'") from None
+    return client
 
+
+def _generate(args: argparse.Namespace) -> int:
+    client = _client()
     sampling = _sampling(args)
     if args.stream:
         client.generate(args.url, args.model, args.prompt, sampling, stream=True,
@@ -110,7 +119,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from tailor.compressor.serving import client
+    client = _client()
 
     parameters = _sampling(args)
     ids = [int(t) for t in args.ids.split(",")] if args.ids else None
