@@ -61,8 +61,9 @@ def start_in(name: str, *argv: str, user: str, volumes: dict[str, Path], log_fil
                                 start_new_session=True)
 
 
-def check(what: str, done: subprocess.CompletedProcess[str], expect: str) -> dict[str, object]:
-    passed = done.returncode == 0 and expect in done.stdout
+def check(what: str, done: subprocess.CompletedProcess[str], expect: str, code: int = 0) -> dict[str, object]:
+    """`done` exited with `code` and printed `expect` (on either stream)."""
+    passed = done.returncode == code and expect in done.stdout + done.stderr
     log(f"  {what}: {'ok' if passed else 'FAILED'}")
     return {"check": what, "passed": passed, "output": (done.stdout + done.stderr).strip()[-400:]}
 
@@ -133,8 +134,9 @@ def main() -> int:
                     name, "python", "-c", "import importlib.util as u; print([m for m in ('torch', 'modelopt', "
                                           "'vllm') if u.find_spec(m)])"), "[]"))
             else:
+                # tritonserver prints its usage on stderr and exits 1, as it does for any argument it stops at
                 checks.append(check("tritonserver --help", run_in(name, "tritonserver", "--help"),
-                                    "--model-repository"))
+                                    "--model-repository", code=1))
                 checks.append(check("torch and modelopt import", run_in(
                     name, "python", "-c", "import torch, modelopt.torch.quantization; "
                                           "print('cuda', torch.version.cuda)"), "cuda 1"))

@@ -1,5 +1,5 @@
 """Build Tailor's container images with buildah, from sources this machine reaches: a Debian 12 root filesystem
-made by debootstrap from Debian's packages (no image registry), then `images/<name>.Dockerfile` on it (its
+made by debootstrap from Debian's packages (no image registry), then `images/Dockerfile`'s target on it (its
 packages from Debian, its Python packages from the package index, pinned by `constraints.txt`). Each image is
 written as an OCI archive, `build/images/tailor-<name>-<version>.oci.tar`, and kept in buildah's local storage as
 `localhost/tailor-<name>:<version>`; `build/images/images.json` reports the sizes.
@@ -113,16 +113,16 @@ def _trust_store() -> Path | None:
 
 
 def build(name: str, base: str, out: Path) -> Built:
-    """`images/<name>.Dockerfile` on `base`, committed to local storage and written as an OCI archive (through a
-    temporary name: an archive that is there is complete)."""
+    """`images/Dockerfile`'s target `name` on `base`, committed to local storage and written as an OCI archive
+    (through a temporary name: an archive that is there is complete)."""
     tag = version("tailor")
     reference = f"localhost/tailor-{name}:{tag}"
     started = time.monotonic()
     argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "--build-arg", f"BASE={base}",
-            "--file", str(ROOT / "images" / f"{name}.Dockerfile"), "--tag", reference]
+            "--file", str(ROOT / "images" / "Dockerfile"), "--target", name, "--tag", reference]
     if (store := _trust_store()) is not None:
         argv += ["--secret", f"id=pip-cert,src={store}"]
-    log(f"{name}: buildah bud images/{name}.Dockerfile -> {reference}")
+    log(f"{name}: buildah bud --target {name} images/Dockerfile -> {reference}")
     _run([*argv, str(ROOT)], show=True)
     archive = out / f"tailor-{name}-{tag}.oci.tar"
     partial = archive.with_name(archive.name + ".partial")
@@ -154,7 +154,7 @@ def main() -> int:
         return 2
     if os.geteuid() != 0:
         print("error: building images needs root here (debootstrap, buildah's chroot isolation); elsewhere use "
-              "`docker build -f images/<name>.Dockerfile .`", file=sys.stderr)
+              "`docker build -f images/Dockerfile --target <name> .`", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     base = base_image(args.mirror)

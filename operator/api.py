@@ -71,7 +71,8 @@ class GpuProfile(StrEnum):
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
 VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written
-RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"  # images/runtime.Dockerfile: Jobs and Triton
+# images/Dockerfile's runtime target: the stage Jobs, and Triton pods of the Python fallback engine
+RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"
 # NVIDIA's Triton with its vLLM backend (chosen by tag; not pulled on the development machines, which reach
 # no registry): the engine of every GPU pool
 TRITON_VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.11-vllm-python-py3"
