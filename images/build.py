@@ -60,8 +60,9 @@ def _image_exists(reference: str) -> bool:
 
 
 def base_image(mirror: str) -> str:
-    """The Debian base in buildah's storage (made once): debootstrap's minbase variant, slimmed as
-    debian:bookworm-slim is; its packages and versions are in the image's /var/lib/dpkg/status."""
+    """The Debian base in buildah's storage (made once; `buildah rmi localhost/tailor-debian:bookworm` has the
+    next build make it again, with Debian's updates): debootstrap's minbase variant, slimmed as debian:bookworm-slim
+    is; its packages and versions are in the image's /var/lib/dpkg/status."""
     if _image_exists(BASE):
         return BASE
     with tempfile.TemporaryDirectory(prefix="tailor-debian-") as scratch:
