@@ -15,50 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tailor.compressor.serving import client
+from tailor.devcluster import images
+from tailor.devcluster.executor import free_port, loopback_args
 from tailor.devcluster.log import log
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
 READY_TIMEOUT_S = 600
-
-
-@contextmanager
-def container(image: str) -> Iterator[str]:
-    name = subprocess.run(["buildah", "from", "--quiet", "--pull-never", image], check=True, text=True,
-                          capture_output=True).stdout.strip()
-    try:
-        yield name
-    finally:
-        subprocess.run(["buildah", "rm", name], capture_output=True)
-
-
-def _buildah_run(name: str, argv: tuple[str, ...], user: str | None = None,
-                 volumes: dict[str, Path] | None = None) -> list[str]:
-    return ["buildah", "run", "--isolation", "chroot", *(["--user", user] if user else []),
-            *(f"--volume={source}:{target}" for target, source in (volumes or {}).items()), name, "--", *argv]
-
-
-def run_in(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_buildah_run(name, argv), text=True, capture_output=True, timeout=600)
-
-
-def start_in(name: str, *argv: str, user: str, volumes: dict[str, Path], log_file: Path) -> subprocess.Popen[bytes]:
-    """`argv` in the background, in a process group of its own (stopping it stops what buildah started)."""
-    with log_file.open("ab") as out:
-        return subprocess.Popen(_buildah_run(name, argv, user, volumes), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
 
 
 def check(what: str, done: subprocess.CompletedProcess[str], expect: str, code: int = 0) -> dict[str, object]:
@@ -68,12 +38,6 @@ def check(what: str, done: subprocess.CompletedProcess[str], expect: str, code: 
     return {"check": what, "passed": passed, "output": (done.stdout + done.stderr).strip()[-400:]}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def serve_one_request(image: str, scratch: Path) -> dict[str, object]:
     """SmolLM2-135M for the Python fallback engine, served by the image's tritonserver; one request."""
     package = scratch / "package"
@@ -81,15 +45,13 @@ def serve_one_request(image: str, scratch: Path) -> dict[str, object]:
                     "--gpu", "cpu", "--name", "smollm2", "--out", str(package), "--mount", "/models"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["chmod", "-R", "a+rX", str(scratch)], check=True)
-    http, grpc, metrics = (_free_port() for _ in range(3))
+    http, grpc, metrics = (free_port() for _ in range(3))
     server_log = scratch / "tritonserver.log"
     started = time.monotonic()
-    with container(image) as name:
-        server = start_in(name, "tritonserver", "--model-repository=/models/repository", f"--http-port={http}",
-                          f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-                          "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--allow-sagemaker=false",
-                          "--allow-vertex-ai=false", user="1000:1000", volumes={"/models": package},
-                          log_file=server_log)
+    with images.working_container(image) as name:
+        server = images.start(name, loopback_args([
+            "tritonserver", "--model-repository=/models/repository", f"--http-port={http}", f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}"]), server_log, user="1000:1000", volumes={"/models": package})
         try:
             while time.monotonic() - started < READY_TIMEOUT_S and server.poll() is None:
                 try:
@@ -102,9 +64,7 @@ def serve_one_request(image: str, scratch: Path) -> dict[str, object]:
                 tail = server_log.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"tritonserver in {image} did not answer within {READY_TIMEOUT_S}s:\n{tail}")
         finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(timeout=60)
+            images.stop(server)
     seconds = round(time.monotonic() - started, 1)
     log(f"  one model load and request: {answer.text!r} in {seconds:.0f}s")
     return {"check": "tritonserver loads SmolLM2-135M (Python fallback engine) and answers", "passed": True,
@@ -127,19 +87,19 @@ def main() -> int:
         log(f"{image['reference']}: {image['image_bytes'] / 1e6:.0f} MB unpacked, archive "
             f"{image['archive_bytes'] / 1e6:.0f} MB")
         checks = []
-        with container(image["reference"]) as name:
-            checks.append(check("tailor --help", run_in(name, "tailor", "--help"), "operator"))
+        with images.working_container(image["reference"]) as name:
+            checks.append(check("tailor --help", images.run(name, ["tailor", "--help"]), "operator"))
             if image_name == "operator":
-                checks.append(check("no torch, modelopt or vLLM", run_in(
-                    name, "python", "-c", "import importlib.util as u; print([m for m in ('torch', 'modelopt', "
-                                          "'vllm') if u.find_spec(m)])"), "[]"))
+                checks.append(check("no torch, modelopt or vLLM", images.run(name, [
+                    "python", "-c", "import importlib.util as u; print([m for m in ('torch', 'modelopt', 'vllm') "
+                                    "if u.find_spec(m)])"]), "[]"))
             else:
                 # tritonserver prints its usage on stderr and exits 1, as it does for any argument it stops at
-                checks.append(check("tritonserver --help", run_in(name, "tritonserver", "--help"),
+                checks.append(check("tritonserver --help", images.run(name, ["tritonserver", "--help"]),
                                     "--model-repository", code=1))
-                checks.append(check("torch and modelopt import", run_in(
-                    name, "python", "-c", "import torch, modelopt.torch.quantization; "
-                                          "print('cuda', torch.version.cuda)"), "cuda 1"))
+                checks.append(check("torch and modelopt import", images.run(name, [
+                    "python", "-c", "import torch, modelopt.torch.quantization; print('cuda', torch.version.cuda)"]),
+                    "cuda 1"))
         if image_name == "runtime":
             with tempfile.TemporaryDirectory(prefix="tailor-images-") as scratch:
                 checks.append(serve_one_request(image["reference"], Path(scratch)))

@@ -124,7 +124,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -449,7 +450,7 @@ class Executor:
                 local.paths[mount.mount_path] = str(local_path)
             for port in spec.ports or []:
                 local.ports[port.name or str(port.container_port)] = local.ports.setdefault(
-                    str(port.container_port), _free_port())
+                    str(port.container_port), free_port())
             local.containers.append(container)
         for volume in pod.spec.volumes or []:  # a plan file names paths as the container sees them
             if volume.config_map is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tailor.devcluster import images
 from tailor.devcluster.log import log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,9 +132,8 @@ def build(name: str, base: str, out: Path) -> Built:
     log(f"{name}: writing {_shown(archive)}")
     _run(["buildah", "push", "--quiet", reference, f"oci-archive:{partial}:{tag}"])
     partial.rename(archive)
-    unpacked = _run(["podman", "image", "inspect", "--format", "{{.Size}}", reference])
     return Built(name=name, reference=reference, archive=_shown(archive), archive_bytes=archive.stat().st_size,
-                 image_bytes=int(unpacked), build_seconds=round(time.monotonic() - started, 1))
+                 image_bytes=images.image_bytes(reference), build_seconds=round(time.monotonic() - started, 1))
 
 
 def _shown(path: Path) -> str:

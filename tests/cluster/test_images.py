@@ -9,9 +9,7 @@ nodes, as in test_operator.py: what is real is the API server, the controllers a
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +21,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tailor.devcluster import cluster
+from tailor.devcluster import cluster, images
+from tailor.devcluster.executor import free_port, loopback_args
 from tailor.devcluster.simulated import published_results
 
 from cmodels import OBJECTS, h100_example, wait_phase
@@ -34,10 +33,6 @@ from conftest import CHART, KUBE_VERSION, REPO, SIMULATED_RESULTS, delete_models
 SERVICE_ACCOUNT_MOUNT = "/run/secrets/kubernetes.io/serviceaccount"
 
 
-def _buildah(*args: str) -> str:
-    return subprocess.run(["buildah", *args], check=True, text=True, capture_output=True).stdout
-
-
 @pytest.fixture(scope="session")
 def operator_image() -> str:
     """`images/build.py operator` (buildah's layer cache makes a rebuild of unchanged sources quick)."""
@@ -46,29 +41,17 @@ def operator_image() -> str:
     return str(next(image["reference"] for image in report if image["name"] == "operator"))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class ImageOperator:
-    """The chart's operator container, run from its image with `buildah run` until stopped."""
+    """The chart's operator container, run from its image until stopped: its command and arguments, with free
+    loopback ports for its metrics and liveness, and bound to loopback as the executor binds it."""
 
-    def __init__(self, image: str, container: dict[str, Any], user: str, mounts: dict[str, Path],
+    def __init__(self, container: str, spec: dict[str, Any], user: str, mounts: dict[str, Path],
                  env: dict[str, str], log: Path) -> None:
         self.log = log
-        self.liveness_port = _free_port()
-        replaced = {"--liveness-port": self.liveness_port, "--metrics-port": _free_port()}
-        args = [f"{arg.split('=')[0]}={replaced[arg.split('=')[0]]}" if arg.split("=")[0] in replaced else arg
-                for arg in container["args"]] + ["--bind=127.0.0.1"]
-        self.name = _buildah("from", "--quiet", "--pull-never", image).strip()
-        argv = ["buildah", "run", "--isolation", "chroot", "--user", user,
-                *(f"--volume={source}:{target}" for target, source in mounts.items()),
-                *(f"--env={name}={value}" for name, value in env.items()),
-                self.name, "--", *container["command"], *args]
-        with log.open("ab") as out:  # its own process group: stopping it stops what buildah started
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.liveness_port = free_port()
+        ports = {"--liveness-port": self.liveness_port, "--metrics-port": free_port()}
+        args = [f"{flag}={ports[flag]}" if (flag := arg.split("=", 1)[0]) in ports else arg for arg in spec["args"]]
+        self.process = images.start(container, loopback_args([*spec["command"], *args]), log, user, mounts, env)
 
     def healthz(self) -> bool:
         import urllib.request
@@ -84,16 +67,6 @@ class ImageOperator:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        subprocess.run(["buildah", "rm", self.name], capture_output=True)
 
 
 def _rendered(helm: Callable[..., Any], namespace: str) -> dict[str, dict[str, Any]]:
@@ -134,17 +107,18 @@ def image_operator(operator_image: str, devcluster: cluster.Layout, crd: None, a
     mounts = {SERVICE_ACCOUNT_MOUNT: account, "/tmp": scratch,
               **{m["mountPath"]: profiles for m in container["volumeMounts"] if m["name"] == "gpu-profiles"}}
     user = f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
-    running = ImageOperator(operator_image, container, user, mounts,
-                            {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port},
-                            tmp_path / "operator.log")
-    try:
-        wait_for("the operator in its image to answer /healthz", running.healthz, 120)
-        yield running
-        delete_models(api, namespace)
-    finally:
-        running.stop()
-        for folder in (account, profiles, scratch):
-            subprocess.run(["rm", "-rf", str(folder)], check=True)
+    with images.working_container(operator_image) as name:
+        running = ImageOperator(name, container, user, mounts,
+                                {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port},
+                                tmp_path / "operator.log")
+        try:
+            wait_for("the operator in its image to answer /healthz", running.healthz, 120)
+            yield running
+            delete_models(api, namespace)
+        finally:
+            images.stop(running.process)
+            for folder in (account, profiles, scratch):
+                shutil.rmtree(folder)
 
 
 @pytest.mark.timeout(1800)
@@ -158,22 +132,15 @@ def test_the_operator_image_runs_a_compressed_model_to_ready(api: client.ApiClie
 
 
 def test_the_operator_image_is_small_runs_as_its_user_and_has_no_torch(operator_image: str) -> None:
-    config = json.loads(_buildah("inspect", "--type", "image", operator_image))["OCIv1"]["config"]
+    config = json.loads(subprocess.run(["buildah", "inspect", "--type", "image", operator_image], check=True,
+                                       text=True, capture_output=True).stdout)["OCIv1"]["config"]
     assert config["User"] == "65532:65532" and config["Entrypoint"] == ["tailor"]
-    size = int(subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", operator_image],
-                              check=True, text=True, capture_output=True).stdout)
+    size = images.image_bytes(operator_image)
     assert size < 400e6, f"the operator image is {size / 1e6:.0f} MB"
-    container = _buildah("from", "--quiet", "--pull-never", operator_image).strip()
-    try:
-        found = subprocess.run(["buildah", "run", "--isolation", "chroot", container, "--", "python", "-c",
-                                "import importlib.util as u; print([m for m in ('torch', 'modelopt', 'vllm') "
-                                "if u.find_spec(m)])"], check=True, text=True, capture_output=True).stdout
-        assert found.strip() == "[]"
-        user = subprocess.run(["buildah", "run", "--isolation", "chroot", "--user", "65532:65532", container, "--",
-                               "python", "-c", "import getpass; print(getpass.getuser())"],
-                              check=True, text=True, capture_output=True).stdout
-        assert user.strip() == "tailor"  # kopf names the operator after its user
-        assert "operator" in subprocess.run(["buildah", "run", "--isolation", "chroot", container, "--", "tailor",
-                                             "--help"], check=True, text=True, capture_output=True).stdout
-    finally:
-        subprocess.run(["buildah", "rm", container], capture_output=True)
+    with images.working_container(operator_image) as container:
+        found = images.run(container, ["python", "-c", "import importlib.util as u; print([m for m in ('torch', "
+                                                       "'modelopt', 'vllm') if u.find_spec(m)])"])
+        assert found.stdout.strip() == "[]", found.stderr
+        user = images.run(container, ["python", "-c", "import getpass; print(getpass.getuser())"], "65532:65532")
+        assert user.stdout.strip() == "tailor", user.stderr  # kopf names the operator after its user
+        assert "operator" in images.run(container, ["tailor", "--help"]).stdout
