@@ -54,9 +54,9 @@ def _compress(args: argparse.Namespace) -> int:
 
 def _data(args: argparse.Namespace) -> int:
     from tailor.compressor import sources
-    from tailor.compressor.tiny_hybrid import NAME, fetch_tiny_hybrid
+    from tailor.compressor.tiny_hybrid import DENSE_NAME, NAME, fetch_tiny_hybrid
 
-    fetched = {**sources.fetch_all(), NAME: fetch_tiny_hybrid()}
+    fetched = {**sources.fetch_all(), NAME: fetch_tiny_hybrid(), DENSE_NAME: fetch_tiny_hybrid(dense=True)}
     print(json.dumps({k: str(v) for k, v in fetched.items()}, indent=2))
     return 0
 

@@ -8,7 +8,9 @@ Parents are `llama`/`mistral` or `nemotron_h` folders. Children follow the publi
 - of a NemotronH parent, `nemotron_h_puzzle`: `architectures: [NemotronHPuzzleForCausalLM]`, the
   parent's layer pattern, and one `block_configs` entry per block with its `block_type` and the
   model-wide fields it overrides (Mamba heads, head dim and state; KV heads; MLP width; experts, top-k,
-  expert and shared-expert widths), or `no_op` / `replace_with_linear`.
+  expert and shared-expert widths), or `no_op` / `replace_with_linear`, with its config class
+  (`configuration_nemotron_h_puzzle.py`, named in `auto_map`).
+No other `auto_map` is written: a parent's (config or tokenizer) is dropped, so no code from outside travels.
 Quantized folders are modelopt exports (`hf_quant_config.json`, a `quantization_config` in config.json);
 their quantized layers load as the project's NVFP4 / FP8 layers (`tailor.compressor.quantize.restore`).
 A folder is written under a temporary name and renamed when complete.
@@ -45,8 +47,12 @@ from tailor.compressor.moe import Routing
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 LLAMA_TYPES = ("llama", "mistral", "nemotron-nas")
-DECILM_CONFIG_FILE = "configuration_decilm.py"
-DECILM_CONFIG_CLASS = "configuration_decilm.DeciLMConfig"
+# model_type of a child -> the config class engines read it through: a file of tailor's copied beside the weights
+# and named in `auto_map` (transformers has neither type). No other code travels with a checkpoint.
+CONFIG_CLASSES = {"nemotron-nas": ("configuration_decilm.py", "configuration_decilm.DeciLMConfig"),
+                  "nemotron_h_puzzle": ("configuration_nemotron_h_puzzle.py",
+                                        "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig")}
+TOKENIZER_CONFIG = "tokenizer_config.json"
 NEMOTRON_H_TYPES = ("nemotron_h", "nemotron_h_puzzle")
 SUPPORTED = ("llama, mistral (dense parents), nemotron-nas (their Puzzle children), nemotron_h (hybrid parents) "
              "and nemotron_h_puzzle (their Puzzle children)")
@@ -226,12 +232,13 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
                 entry["block_type"] = kind
         config.update(architectures=["NemotronHPuzzleForCausalLM"], model_type="nemotron_h_puzzle",
                       block_configs=entries)
-        states = {layer.state_size for layer in arch.mamba_layers()}
-        if len(states) == 1:  # engines that read only the model-wide field get the one state size right
-            config["ssm_state_size"] = states.pop()
+        shapes = {(m.num_heads, m.head_dim, m.state_size, m.n_groups) for m in arch.mamba_layers()}
+        if len(shapes) == 1:  # engines read the Mamba shape from the model-wide fields only (vLLM)
+            heads, head_dim, state, groups = shapes.pop()
+            config.update(mamba_num_heads=heads, mamba_head_dim=head_dim, ssm_state_size=state, n_groups=groups)
         return config
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
-                  num_hidden_layers=len(arch.blocks), auto_map={"AutoConfig": DECILM_CONFIG_CLASS})
+                  num_hidden_layers=len(arch.blocks))
     return config
 
 
@@ -245,14 +252,27 @@ def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tok
 
 
 def write_metadata(folder: Path, config: dict[str, Any], tokenizer_from: Path) -> None:
-    """Beside a checkpoint's BF16 weights: its config.json, the tokenizer files of `tokenizer_from`, and for a
-    DeciLM child the config class engines read it with."""
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+    """Beside a checkpoint's BF16 weights: its config.json (BF16 under both keys engines read, `dtype` and
+    `torch_dtype`), the tokenizer files of `tokenizer_from`, and for a child the config class engines read it with.
+    No `auto_map` of the parent's survives (in config.json or tokenizer_config.json): a loader with
+    trust_remote_code would fetch and run the code it names; the only one left names tailor's config class."""
+    config = {key: value for key, value in config.items() if key != "auto_map"}
+    own = CONFIG_CLASSES.get(config.get("model_type", ""))
+    if own is not None:
+        config["auto_map"] = {"AutoConfig": own[1]}
+        shutil.copy2(Path(__file__).with_name(own[0]), folder / own[0])
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"},
+                                                   indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (tokenizer_from / name).exists():
             shutil.copy2(tokenizer_from / name, folder / name)
-    if config.get("model_type") == "nemotron-nas":
-        shutil.copy2(Path(__file__).with_name(DECILM_CONFIG_FILE), folder / DECILM_CONFIG_FILE)
+    if (folder / TOKENIZER_CONFIG).exists():
+        try:
+            tokenizer = json.loads((folder / TOKENIZER_CONFIG).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{tokenizer_from / TOKENIZER_CONFIG}: not JSON ({error})") from error
+        if isinstance(tokenizer, dict) and tokenizer.pop("auto_map", None) is not None:
+            (folder / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False) + "\n")
 
 
 def save_decoder(decoder: Decoder, folder: Path, parent: Path) -> None:

@@ -44,6 +44,8 @@ class Footprint(BaseModel):
     state_per_request: int = Field(description="Mamba SSM and conv state bytes per request per GPU.")
     reserve: int = Field(description="Runtime reserve per GPU.")
     usable: int = Field(description="Device memory less the reserve, per GPU.")
+    attention_layers: int = Field(0, description="Layers with a KV cache (engines page each layer's cache).")
+    mamba_layers: int = Field(0, description="Layers with a Mamba state (one engine page each per request).")
 
     @property
     def per_request(self) -> int:
@@ -91,6 +93,8 @@ def footprint(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRe
         state_per_request=math.ceil(state / min(tp, ssm_groups)),
         reserve=reserve.bytes,
         usable=usable_bytes(gpu, reserve),
+        attention_layers=len(arch.attention_layers()),
+        mamba_layers=len(arch.mamba_layers()),
     )
 
 

@@ -2,7 +2,8 @@
 
 No pretrained NemotronH weights can be fetched here, so this model has every part of the real family at
 toy sizes: Mamba-2 with two groups, attention without rotary positions, a latent mixture of experts with
-a shared expert and sigmoid routing with a score-correction bias, and a ReLU^2 MLP. It uses SmolLM2's
+a shared expert and sigmoid routing with a score-correction bias, and a ReLU^2 MLP; its dense variant
+(`DENSE_NAME`) has MLPs where the experts are, which vLLM's CPU build runs. It uses SmolLM2's
 tokenizer and learns from the training works (the held-out ones stay unseen). Training is seeded, and the
 result is cached like the fetched models (`~/.cache/tailor/models/tiny-nemotron-h`); it is a standard
 `nemotron_h` folder that transformers' `NemotronHForCausalLM` loads.
@@ -25,14 +26,17 @@ from tailor.compressor.mamba import Mamba2
 from tailor.compressor.modeling import Decoder
 
 NAME = "tiny-nemotron-h"
+DENSE_NAME = "tiny-nemotron-h-dense"
+PATTERN, DENSE_PATTERN = "MEM*EME-", "M-M*-M--"
 STEPS, BATCH, SEQ_LEN, LR, SEED = 300, 4, 128, 3e-3, 0
 
 
-def config(vocab_size: int, bos: int | None, eos: int | None) -> dict[str, Any]:
-    """A NemotronH config at toy sizes: 8 blocks, 3 Mamba-2, 3 MoE, 1 attention, 1 MLP."""
+def config(vocab_size: int, bos: int | None, eos: int | None, dense: bool = False) -> dict[str, Any]:
+    """A NemotronH config at toy sizes: 8 blocks, 3 Mamba-2, 3 MoE, 1 attention, 1 MLP (`dense`: 4 MLPs)."""
     return {
-        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "_name_or_path": NAME,
-        "vocab_size": vocab_size, "hidden_size": 128, "hybrid_override_pattern": "MEM*EME-",
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "_name_or_path": DENSE_NAME if dense else NAME, "vocab_size": vocab_size, "hidden_size": 128,
+        "hybrid_override_pattern": DENSE_PATTERN if dense else PATTERN,
         "tie_word_embeddings": False, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 2048,
         "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "attention_bias": False,
@@ -67,9 +71,11 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def fetch_tiny_hybrid() -> Path:
-    """The trained tiny hybrid's folder, trained (about two minutes on two cores) unless already there."""
-    final = sources.model_dir(NAME)
+def fetch_tiny_hybrid(dense: bool = False) -> Path:
+    """The trained tiny hybrid's folder (`dense`: its MLP-only variant), trained (about two minutes on two cores)
+    unless already there."""
+    name = DENSE_NAME if dense else NAME
+    final = sources.model_dir(name)
     if (final / "config.json").exists():
         return final
     from transformers import AutoTokenizer
@@ -80,15 +86,15 @@ def fetch_tiny_hybrid() -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     train_texts, _ = split_texts(text_files(sources.TEXT_NAME), every=8)
     sequences = token_windows(train_texts, tokenizer, SEQ_LEN, STEPS * BATCH * SEQ_LEN)
-    model_config = config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
+    model_config = config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, dense)
     decoder = build(model_config)
-    print(f"training {NAME} ({decoder.arch.total_params:,} parameters) on {sequences.numel():,} tokens",
+    print(f"training {name} ({decoder.arch.total_params:,} parameters) on {sequences.numel():,} tokens",
           file=sys.stderr)
     def next_token_loss(ids: torch.Tensor) -> torch.Tensor:
         logits = decoder(ids)
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
     losses = training.train(decoder, next_token_loss, sequences, steps=STEPS, lr=LR, batch=BATCH, seed=SEED,
-                            warmup=20, progress=_progress, label=NAME, weight_decay=0.01, report_every=50)
+                            warmup=20, progress=_progress, label=name, weight_decay=0.01, report_every=50)
     write_checkpoint(decoder, final, {**model_config, "training_loss": round(losses[-1], 4)}, tokenizer_dir)
     return final

@@ -1,9 +1,11 @@
 """The Kubernetes objects that serve a CompressedModel on one node pool: a Triton Deployment sized by its
 `PoolPlan`, a Service, a PodDisruptionBudget and a HorizontalPodAutoscaler on the engine's queue metrics.
 
-The pool's engine decides the image: vLLM pools run `deployment.tritonImage` (NVIDIA's Triton vLLM image), whose
-vLLM backend reads the engine arguments the package Job wrote (`model.json`: max_num_seqs, max_model_len, KV-cache
-bytes and dtype, tensor parallelism, from the sizing); the Python fallback engine runs tailor's runtime image.
+The pool's engine decides the image: vLLM pools run `deployment.tritonImage` (NVIDIA's Triton vLLM image, for its
+vLLM and Triton's Python backend), which runs the backend the package Job put in the model repository (tailor's,
+`model.py`: the code the devcluster's pods run) with the engine arguments beside it (`model.json`: max_num_seqs,
+max_model_len, KV-cache bytes and dtype, tensor parallelism, from the sizing); the Python fallback engine runs
+tailor's runtime image. Triton pods never reach a model hub (`OFFLINE_ENV`): they load only the claim's files.
 
 Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
 the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
@@ -51,6 +53,9 @@ SCALE_DOWN_PODS_PER_MINUTE = 1  # one replica at a time, each drained first
 # On a real cluster a Service stops sending to a terminating pod only once every kube-proxy has seen its endpoint
 # go: the pod keeps taking requests this long before Triton is told to stop.
 ENDPOINT_PROPAGATION_S = 5
+# No hub, no telemetry: the pod runs only the files the build wrote to the claim, and calls no one
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
@@ -172,6 +177,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                  *(f"--{name}-port={port}" for name, port in PORTS.items()),
                  f"--exit-timeout-secs={deployment.drain_seconds}"],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
         "resources": {"limits": {GPU_RESOURCE: str(gpus)},
                       "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
         "volumeMounts": mounts,

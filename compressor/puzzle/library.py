@@ -10,7 +10,8 @@
 - Any block: one linear map, or removal. Linear maps start at the least-squares fit of the block's
   output on the calibration activations (the optimum of an unnormalised local-distillation loss), at
   least as close as the paper's W_up.W_down / W_V.W_O products. For a child served by vLLM (the plan's
-  `engine`) neither a linear map nor removing the first block's attention is offered: vLLM cannot load them.
+  `engine`) neither a linear map nor removing the first block's attention is offered, nor, in a hybrid, removing
+  a block or a Mamba shape other than a smaller state: vLLM cannot load them.
 Which sizes each slot is offered: `options.py`.
 """
 

@@ -29,9 +29,12 @@ def _sizes(parent: int, shares: list[float], current: int, multiple: int = 1,
     return sorted({min(size, current) for size in sizes}, reverse=True)
 
 
-def _mamba_options(current: Mamba, parent: Mamba, library: Library) -> list[Part]:
-    heads = _sizes(parent.num_heads, library.mamba_heads, current.num_heads, parent.n_groups)
-    dims = _sizes(parent.head_dim, library.mamba_head_dims, current.head_dim)
+def _mamba_options(current: Mamba, parent: Mamba, library: Library, one_shape: bool) -> list[Part]:
+    """Smaller heads, head dims and states; with `one_shape` (vLLM reads one Mamba shape) only the state, which
+    the search keeps the same in every block."""
+    heads = [current.num_heads] if one_shape else _sizes(parent.num_heads, library.mamba_heads, current.num_heads,
+                                                         parent.n_groups)
+    dims = [current.head_dim] if one_shape else _sizes(parent.head_dim, library.mamba_head_dims, current.head_dim)
     states = _sizes(parent.state_size, library.ssm_states, current.state_size)
     return [current.model_copy(update={"num_heads": h, "head_dim": d, "state_size": n})
             for h, d, n in itertools.product(heads, dims, states)]
@@ -56,7 +59,8 @@ def is_hybrid(arch: Architecture) -> bool:
 def part_options(current: Part, parent: Part, layer: int, library: Library, engine: Engine = Engine.VLLM,
                  hybrid: bool = False) -> list[Part]:
     """The current part first, then every smaller option the library allows from it that `engine` loads
-    (vLLM: no linear maps, and the first block keeps its attention; `serving/engines.py`); no duplicates."""
+    (vLLM: no linear maps, the first block keeps its attention, a hybrid keeps every block and one Mamba shape;
+    `serving/engines.py`); no duplicates."""
     options: list[Part] = [current]
     keep_attention = library.keep_attention if library.keep_attention is not None else hybrid
     if isinstance(current, Attention) and keep_attention:
@@ -72,7 +76,7 @@ def part_options(current: Part, parent: Part, layer: int, library: Library, engi
         options += [Mlp(intermediate_size=w, gated=current.gated) for w in widths if w < current.intermediate_size]
     elif isinstance(current, Mamba):
         assert isinstance(parent, Mamba)
-        options += _mamba_options(current, parent, library)
+        options += _mamba_options(current, parent, library, engine is Engine.VLLM)
     elif isinstance(current, Moe):
         assert isinstance(parent, Moe)
         options += _moe_options(current, parent, library)
@@ -80,6 +84,7 @@ def part_options(current: Part, parent: Part, layer: int, library: Library, engi
     if library.linear and not vllm and not isinstance(current, Linear | NoOp):
         options.append(Linear())
     keeps_first_attention = vllm and layer == 0 and isinstance(current, Attention)
-    if library.no_op and not keeps_first_attention and not isinstance(current, NoOp):
+    keeps_every_block = vllm and hybrid  # vLLM's NemotronH model builds every block of its pattern
+    if library.no_op and not keeps_first_attention and not keeps_every_block and not isinstance(current, NoOp):
         options.append(NoOp())
     return list(dict.fromkeys(options))  # drops options equal to the current part

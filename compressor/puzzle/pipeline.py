@@ -106,8 +106,8 @@ def resolve_parent(name: str) -> Path:
     """A model folder, an hf:// model (downloaded once), or a built-in parent fetched (or trained) on first use."""
     if name == sources.PARENT_NAME:
         return sources.fetch_parent()
-    if name == tiny_hybrid.NAME:
-        return tiny_hybrid.fetch_tiny_hybrid()
+    if name in (tiny_hybrid.NAME, tiny_hybrid.DENSE_NAME):
+        return tiny_hybrid.fetch_tiny_hybrid(dense=name == tiny_hybrid.DENSE_NAME)
     if name.startswith(sources.HUB_PREFIX):
         return sources.fetch_hub(name)
     if name.startswith("s3://"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tailor.compressor.serving.engines import ENGINE_ARGS_FILE
 
 READY_TIMEOUT_S = 300.0
 VLLM_VENV_VARIABLE = "TAILOR_VLLM_VENV"
@@ -66,8 +67,7 @@ def vllm_environment() -> Path:
 
 
 def backend_folder(into: Path) -> Path:
-    """A backend folder made of symlinks: the Python backend from the wheel, and `vllm/model.py`, tailor's
-    vLLM backend (`vllm_backend.py`), which the Python backend runs for `backend: "vllm"` models."""
+    """A backend folder with the wheel's Python backend (its libraries and stub as symlinks)."""
     bundle = _bundle()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -80,18 +80,12 @@ def backend_folder(into: Path) -> Path:
     # a real file: the server refuses a backend library that resolves outside the backend folder (it checks
     # for the Python-based `vllm` backend); its libraries come through LD_LIBRARY_PATH (`environment`)
     shutil.copy2(bundle / "backends" / "python" / "libtriton_python.so", python / "libtriton_python.so")
-    (into / "vllm").mkdir(exist_ok=True)
-    (into / "vllm" / "model.py").symlink_to(Path(__file__).with_name("vllm_backend.py"))
     return into
 
 
-def backends_of(repository: Path) -> set[str]:
-    """The `backend:` of every model in a repository."""
-    found = set()
-    for config in repository.glob("*/config.pbtxt"):
-        if match := re.search(r'^\s*backend:\s*"([^"]+)"', config.read_text(), re.MULTILINE):
-            found.add(match.group(1))
-    return found
+def serves_vllm(repository: Path) -> bool:
+    """Whether a repository holds a vLLM model (one with engine arguments beside its model.py)."""
+    return any(repository.glob(f"*/*/{ENGINE_ARGS_FILE}"))
 
 
 def _repository_arg(args: list[str]) -> Path | None:
@@ -105,9 +99,9 @@ def _repository_arg(args: list[str]) -> Path | None:
 
 def environment(repository: Path | None) -> dict[str, str]:
     """What the Python backend's stub needs: the `python3` first on PATH is the environment it embeds
-    (vLLM's for a repository of `vllm` models, else this one), and LD_LIBRARY_PATH finds this interpreter's
+    (vLLM's for a repository of vLLM models, else this one), and LD_LIBRARY_PATH finds this interpreter's
     libpython (the environments share their base interpreter)."""
-    engine = vllm_environment() if repository is not None and "vllm" in backends_of(repository) else None
+    engine = vllm_environment() if repository is not None and serves_vllm(repository) else None
     if engine is not None and not (engine / "bin" / "python3").exists():
         raise RuntimeError(f"{repository} has vllm models but {engine} holds no vLLM environment: run "
                            f"`tailor engine setup` (or set {VLLM_VENV_VARIABLE})")

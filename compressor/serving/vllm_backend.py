@@ -1,8 +1,9 @@
-"""Tailor's Triton backend for vLLM: what `backend: "vllm"` runs on tritonservers that do not ship NVIDIA's.
+"""Tailor's vLLM backend for Triton: the `model.py` of every vLLM model `tailor package` writes, run by Triton's
+Python backend on every server (NVIDIA's Triton vLLM image on GPU pools, the devcluster's tritonserver here).
 
-It reads the repository layout and speaks the request interface of NVIDIA's vLLM backend for Triton (the one
-in the `tritonserver:<yy.mm>-vllm-python-py3` images the GPU pools run), so one `tailor package` repository
-serves on both: `config.pbtxt` (decoupled) and `<version>/model.json`, the vLLM engine arguments.
+It speaks the request interface of NVIDIA's vLLM backend for Triton (`text_input`, `stream`,
+`sampling_parameters`, ...) and reads the engine arguments from `<version>/model.json`. NVIDIA's backend is not
+used because it reports none of vLLM's scheduler statistics, which the pools' autoscalers scale on.
 
 - Requests join vLLM's running batch as they arrive (its async engine, on an event loop in a thread of
   this process); with `stream` each piece of text is its own response. A request whose client goes away is
@@ -16,10 +17,9 @@ serves on both: `config.pbtxt` (decoupled) and `<version>/model.json`, the vLLM 
   latency histograms), labelled with the model and version.
 
 Runs inside the Python backend's stub: imports only the standard library, numpy, vLLM and
-`triton_python_backend_utils`, since its environment is vLLM's (`tailor engine setup`), not tailor's. The
-backend folder links this file as `vllm/model.py`. `model.json`'s `model` names the checkpoint where a pod
-mounts it; a server that mounts the repository elsewhere (the devcluster's executor) finds the `checkpoint`
-folder that `tailor package` puts beside `model.json`.
+`triton_python_backend_utils`, since its environment is the engine image's (vLLM's), not tailor's.
+`model.json`'s `model` names the checkpoint where a pod mounts it; a server that mounts the repository elsewhere
+(the devcluster's executor) finds the `checkpoint` folder that `tailor package` puts beside `model.json`.
 """
 
 from __future__ import annotations

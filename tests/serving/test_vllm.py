@@ -8,10 +8,8 @@ One server with both models is shared by the module (each vLLM engine takes ~30 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -29,15 +27,18 @@ from tritonclient.utils import InferenceServerException
 from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.serving import client
-from tailor.compressor.serving.generation import GenerationRequest, Generator
-from tailor.compressor.serving.repository import PackageSettings, package
-from tailor.compressor.serving.server import VLLM_CPU_ENV, RunningServer, triton_server, vllm_environment
+from tailor.compressor.serving.engines import Engine
+from tailor.compressor.serving.generation import Generator
+from tailor.compressor.serving.repository import VLLM_BACKEND, PackageSettings, package
+from tailor.compressor.serving.server import RunningServer, triton_server
+from tailor.operator.deployment import POD_METRICS
+
+from served import adapter_series, decoder_greedy, vllm_greedy
 
 BATCH = 8  # max_num_seqs: room for the eight requests of the isolation test
 CONTEXT = 1024  # pages of 128 tokens: the page vLLM keeps back is 1/8 of a request, 1.6% of 8 requests
 PROMPTS = ["ROMEO: But soft, what light through yonder window breaks?", "The capital of France is",
            "HAMLET: To be, or not to be, that is the question:"]
-PROBE = Path(__file__).with_name("vllm_probe.py")
 pytestmark = pytest.mark.timeout(900)  # the first test starts the shared server: two vLLM engines on two cores
 
 
@@ -72,11 +73,14 @@ def metrics(server: RunningServer, name: str, model: str) -> float:
                if line.startswith(f"{name}{{") and f'model="{model}"' in line)
 
 
-def test_the_package_is_the_layout_nvidias_vllm_backend_reads(packages: dict[str, PackageSettings]) -> None:
+def test_the_package_carries_tailors_backend_and_its_engine_arguments(packages: dict[str, PackageSettings]) -> None:
+    """The model runs on Triton's Python backend with tailor's vLLM backend as its model.py, byte for byte: the code
+    every server runs on it, this one and a GPU pool's."""
     settings = packages["child"]
     root = Path(settings.engine_args["model"]).parent  # type: ignore[index]
     config = (root.parent / "config.pbtxt").read_text()
-    assert 'backend: "vllm"' in config and "decoupled: true" in config and "REPORT_CUSTOM_METRICS" in config
+    assert 'backend: "python"' in config and "decoupled: true" in config
+    assert (root / "model.py").read_bytes() == VLLM_BACKEND.read_bytes()
     args = json.loads((root / "model.json").read_text())
     assert args["max_num_seqs"] == BATCH and args["max_model_len"] == CONTEXT
     pages = CONTEXT // 128  # whole pages per request, and the one page vLLM keeps back
@@ -88,26 +92,9 @@ def test_vllm_decodes_what_the_projects_decoder_decodes(models: dict[str, Path],
     """Greedy tokens of vLLM (fp32, its offline engine) and of the project's Decoder agree, parent and child."""
     generators = {name: Generator(folder, CONTEXT, torch.float32) for name, folder in models.items()}
     prompts = [generators["parent"].encode(text) for text in PROMPTS]
-    request = [{"model": str(folder), "max_model_len": CONTEXT, "max_num_seqs": 4,
-                "kv_cache_memory_bytes": 64 * 2**20, "prompts": prompts, "tokens": 16} for folder in models.values()]
-    (tmp_path / "request.json").write_text(json.dumps(request))
-    env = {**os.environ, **VLLM_CPU_ENV}
-    done = subprocess.run([str(vllm_environment() / "bin" / "python"), str(PROBE), str(tmp_path / "request.json")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    answers = vllm_greedy(list(models.values()), prompts, 16, CONTEXT, tmp_path)
     for (name, generator), answer in zip(generators.items(), answers, strict=True):
-        assert answer["tokens"] == greedy(generator, prompts, 16), name
-
-
-def greedy(generator: Generator, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    """The project's Decoder's greedy continuation of each prompt, one prompt at a time."""
-    found: list[list[int]] = []
-    for ids in prompts:
-        found.append([])
-        generator.generate([GenerationRequest(ids=ids, max_tokens=tokens, ignore_eos=True)],
-                           lambda _, token, __: found[-1].append(token))
-    return found
+        assert answer == decoder_greedy(generator, prompts, 16), name
 
 
 def test_the_engines_own_concurrency_is_the_sizings(server: RunningServer,
@@ -196,6 +183,18 @@ def test_a_client_that_goes_away_frees_its_sequence(server: RunningServer) -> No
     assert metrics(server, "vllm:num_requests_running", "parent") == 0
     time.sleep(2)
     assert metrics(server, "vllm:generation_tokens_total", "parent") - generated < 200  # it did not run on
+
+
+def test_every_metric_the_autoscalers_ask_for_is_served(server: RunningServer) -> None:
+    """Each series the chart's prometheus-adapter rules read for the vLLM metrics the operator's HPAs name is on
+    the metrics port of a server running the packaged backend."""
+    client.generate(server.grpc_url, "child", PROMPTS[1], {"max_tokens": 4})
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        served = {line.split("{", 1)[0] for line in response.read().decode().splitlines() if not line.startswith("#")}
+    wanted = adapter_series(set(POD_METRICS[Engine.VLLM].values()))
+    assert set(wanted) == set(POD_METRICS[Engine.VLLM].values())  # every HPA metric has a rule
+    for metric, series in wanted.items():
+        assert series <= served, (metric, series - served)
 
 
 def test_vllms_metrics_are_on_tritons_metrics_port(server: RunningServer) -> None:

@@ -110,6 +110,9 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(
         2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
     assert "--model-repository=/models/g1/repo/repository" in container["args"]
+    # the image's own backends: its Python backend runs the repository's model.py (tailor's vLLM backend)
+    assert container["command"] == ["tritonserver"] and not any("backend" in arg for arg in container["args"])
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]  # no model hub: only the claim's files
     assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002]
     assert container["image"] == TRITON_VLLM_IMAGE and plan.engine is Engine.VLLM
     assert deployment["metadata"]["annotations"] == {"tailor.dev/engine": "vllm",

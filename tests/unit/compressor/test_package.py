@@ -12,7 +12,8 @@ from tailor.compressor.memory import KvDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
 from tailor.compressor.serving.engines import Engine
-from tailor.compressor.serving.repository import MAX_BATCH_CAP, package
+from tailor.compressor.serving.repository import MAX_BATCH_CAP, VLLM_BACKEND, package
+from tailor.compressor.serving.server import backend_folder
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,10 @@ def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_wit
     assert (settings.recipe, settings.sizing.kv_dtype, settings.kind) == ("fp8", KvDtype.FP8, "KIND_GPU")
     assert settings.max_batch_size == MAX_BATCH_CAP < settings.sizing.concurrency_per_replica
     model = tmp_path / "pkg" / "repository" / "tiny"
-    assert 'backend: "vllm"' in (model / "config.pbtxt").read_text()
+    assert 'backend: "python"' in (model / "config.pbtxt").read_text()
+    assert (model / "1" / "model.py").read_bytes() == VLLM_BACKEND.read_bytes()
+    # the devcluster's tritonserver has the Python backend alone: it runs this same model.py
+    assert [path.name for path in backend_folder(tmp_path / "backends").iterdir()] == ["python"]
     assert (model / "1" / "checkpoint" / "hf_quant_config.json").exists()  # vLLM reads the modelopt export as is
     vllm = json.loads((model / "1" / "model.json").read_text())
     assert vllm["model"] == "/models/pkg/repository/tiny/1/checkpoint" and vllm["kv_cache_dtype"] == "fp8"
