@@ -71,5 +71,5 @@ def test_a_nemotron_h_child_gets_its_config_class_with_per_block_fields(tmp_path
 def test_a_tokenizer_config_that_is_not_json_is_named(hostile_parent: Path, tmp_path: Path) -> None:
     (hostile_parent / "tokenizer_config.json").write_text("{not json")
     config = json.loads((hostile_parent / "config.json").read_text())
-    with pytest.raises(CheckpointError, match="tokenizer_config.json: not JSON"):
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not JSON"):
         write_metadata(tmp_path, config, hostile_parent)
