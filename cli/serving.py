@@ -1,5 +1,5 @@
-"""`tailor package`, `tailor serve`, `tailor generate` (vLLM), `tailor infer` (the Python fallback engine): a
-model on a real Triton Inference Server."""
+"""`tailor package`, `tailor serve`, `tailor generate` (vLLM), `tailor infer` (the Python fallback engine),
+`tailor openai` (an OpenAI-compatible API in front of Triton): a model on a real Triton Inference Server."""
 
 from __future__ import annotations
 
@@ -16,7 +16,16 @@ EXAMPLES = """examples:
   tailor generate --url 127.0.0.1:8001 --model smollm2 --prompt "ROMEO:" --max-tokens 32 --stream
   tailor package --engine tailor-python --model runs/smollm2/child-fp8 --out runs/smollm2/fallback --name smollm2
   tailor infer --url 127.0.0.1:8000 --model smollm2 --prompt "ROMEO:" --max-tokens 32    (tailor-python)
+  tailor openai --model-repository runs/smollm2/triton/repository --triton-port 8000 --openai-port 9000
 """
+
+
+def _openai(args: argparse.Namespace) -> int:
+    from tailor.compressor.serving.openai_frontend import serve
+    from tailor.compressor.serving.repository import repository_of
+
+    serve(f"http://127.0.0.1:{args.triton_port}", repository_of(args.model_repository), args.bind, args.openai_port)
+    return 0
 
 
 def _package(args: argparse.Namespace) -> int:
@@ -185,6 +194,15 @@ def add_parsers(nouns: Any) -> None:
     generate.add_argument("--stream", action="store_true", help="print the text as it comes")
     generate.set_defaults(run=_generate)
 
+    openai = nouns.add_parser("openai", help="serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                                             "/v1/models) for the vLLM models of a Triton on this host",
+                              epilog=EXAMPLES, formatter_class=formatter)
+    openai.add_argument("--model-repository", type=Path, required=True,
+                        help="the repository the Triton server serves (or its `tailor package` folder)")
+    openai.add_argument("--triton-port", type=int, default=8000, help="the Triton server's HTTP port on 127.0.0.1")
+    openai.add_argument("--openai-port", type=int, default=9000, help="the port to serve the API on")
+    openai.add_argument("--bind", default="0.0.0.0", help="the address to serve the API on")
+    openai.set_defaults(run=_openai)
     infer = nouns.add_parser("infer", help="generate through the Python fallback engine (tailor-python)",
                              epilog=EXAMPLES, formatter_class=formatter)
     infer.add_argument("--url", default="127.0.0.1:8000", help="host:port (8000 HTTP, 8001 gRPC by default)")
