@@ -34,7 +34,7 @@ class LayerConfig:
         return overrides[name] if name in overrides else getattr(self.__dict__["_base"], name)
 
 
-class NemotronHPuzzleConfig(NemotronHConfig):  # type: ignore[misc]
+class NemotronHPuzzleConfig(NemotronHConfig):  # type: ignore[no-untyped-call]
     model_type = "nemotron_h_puzzle"
 
     def __init__(self, block_configs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:

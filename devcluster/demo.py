@@ -233,6 +233,7 @@ class Demo:
             text, tokens = done.text, done.output_tokens
             result["predicted_concurrency"] = min(status["concurrencyPerReplica"], MAX_BATCH_CAP)
             result["engine_concurrency"] = engine_metric(ports["metrics"], "tailor_engine_max_concurrency", name)
+            result["openai"] = chat(ports["openai"], name, PROMPT)
         else:
             answer = infer(f"127.0.0.1:{ports['http']}", name, "http", PROMPT, max_tokens=24)
             text, tokens = answer.text, len(answer.ids)
@@ -315,6 +316,20 @@ def service_ports(api: client.ApiClient, namespace: str, name: str) -> dict[str,
     return ports
 
 
+def chat(port: int, model: str, prompt: str) -> dict[str, Any]:
+    """One request to the pool Service's OpenAI-compatible API (`/v1/chat/completions`), as any OpenAI client
+    sends it."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24, "temperature": 0}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        done = json.loads(response.read())
+    choice = done["choices"][0]
+    log(f"OpenAI API (Service port {port}) answered: {choice['message']['content']!r}")
+    return {"model": done["model"], "content": choice["message"]["content"], "finish_reason": choice["finish_reason"],
+            "completion_tokens": done["usage"]["completion_tokens"]}
+
+
 def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer: dict[str, Any],
             autoscaling: dict[str, Any], seconds: float) -> dict[str, Any]:
     """What the demo shows, as JSON: before/after from the Jobs' reports, the gate from the status, the answer,
@@ -367,6 +382,11 @@ def render(report: dict[str, Any]) -> str:
         f"  Triton answer   {report['answer']['prompt']}{report['answer']['answer']!r} "
         f"({report['answer']['tokens']} tokens in {report['answer']['seconds']:.1f}s)",
         f"  engine          {report['answer']['engine']}" + "".join(f"; {note}" for note in report['answer']['notes']),
+        *([f"  OpenAI API      POST /v1/chat/completions {{\"model\": \"{report['answer']['openai']['model']}\", "
+           f"\"messages\": [{{\"role\": \"user\", \"content\": {report['answer']['prompt']!r}}}]}}: "
+           f"{report['answer']['openai']['content']!r} ({report['answer']['openai']['finish_reason']}, "
+           f"{report['answer']['openai']['completion_tokens']} tokens)"]
+          if report["answer"].get("openai") else []),
         *([f"  concurrency     {report['answer']['predicted_concurrency']} requests predicted by the sizing for "
            f"the KV cache given to the engine; the engine reports {report['answer']['engine_concurrency']:.2f}"]
           if report["answer"].get("engine_concurrency") is not None else []),

@@ -13,8 +13,10 @@ and its Triton pods run the real tritonserver on this machine.
   `tritonserver` runs the server bundled in nvidia-pytriton (as `tailor serve` does). Container ports get free
   local ports; `--<name>-port=<containerPort>` args are rewritten to them and the pod is annotated
   `devcluster.tailor.dev/ports: {"http": 31234, ...}`. The servers the executor knows listen on 127.0.0.1 only
-  (`LOOPBACK_ARGS`). Readiness comes from the container's httpGet readiness probe, with a kubelet's thresholds
-  (`Readiness`). Phase, readiness, restarts and exit codes go back through the pod's status.
+  (`LOOPBACK_ARGS`); a container beside them reaches them on the pod's loopback as on a real pod, its
+  `--<name>-port=<containerPort>` args naming their ports (`tailor openai --triton-port=8000`). Readiness
+  comes from the container's httpGet readiness probe, with a kubelet's thresholds (`Readiness`). Phase,
+  readiness, restarts and exit codes go back through the pod's status.
 - **Processes**: each container runs under a shim (`shim.py`), the leader of a process group of its own, which
   stops the container (SIGTERM to its main process, SIGKILL to the whole tree after the pod's grace period), also
   when the executor dies, and
@@ -117,6 +119,7 @@ LOOPBACK_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("tritonserver",): (f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}",
                         f"--metrics-address={LOOPBACK}", "--allow-sagemaker=false", "--allow-vertex-ai=false"),
     ("tailor", "operator"): (f"--bind={LOOPBACK}",),
+    ("tailor", "openai"): (f"--bind={LOOPBACK}",),
 }
 
 

@@ -542,11 +542,11 @@ class BuildStatus(StatusModel):
 
 
 class Endpoint(StatusModel):
-    """Where a pool's Triton serves."""
+    """Where a pool serves: Triton's HTTP and gRPC, and on vLLM pools the OpenAI-compatible API (`/v1/...`)."""
 
     pool: str
     url: str
-    protocol: Literal["http", "grpc"]
+    protocol: Literal["http", "grpc", "openai"]
 
 
 class CompressedModelStatus(StatusModel):

@@ -26,6 +26,8 @@ from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec
 from tailor.operator.pools import GPU_RESOURCE, PoolPlan
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+OPENAI_PORT = 9000  # vLLM pools: the OpenAI-compatible API (`tailor openai`), a container beside Triton
+OPENAI_REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # a proxy that tokenizes prompts: no GPU
 REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps Triton out of BestEffort
 SHM_PER_GPU_GIB = 8
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
@@ -94,12 +96,18 @@ def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -
             "ownerReferences": [owner_reference(model)]}
 
 
-def service(model: dict[str, Any], pool: str, generation: int) -> dict[str, Any]:
+def pod_ports(engine: Engine) -> dict[str, int]:
+    """The ports a pool's pods serve: Triton's, and the OpenAI-compatible API's on vLLM pools."""
+    return {**PORTS, "openai": OPENAI_PORT} if engine is Engine.VLLM else dict(PORTS)
+
+
+def service(model: dict[str, Any], pool: str, generation: int, engine: Engine) -> dict[str, Any]:
     """The pool's stable Service, pointing at one revision."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(model, names.service_name(model["metadata"]["name"], pool), labels(model, pool)),
             "spec": {"selector": revision_labels(model, pool, generation),
-                     "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()]}}
+                     "ports": [{"name": name, "port": port, "targetPort": name}
+                               for name, port in pod_ports(engine).items()]}}
 
 
 def hpa_target(plan: PoolPlan, deployment: DeploymentSpec) -> float:
@@ -142,15 +150,36 @@ def startup_failure_threshold(weight_bytes: int) -> int:
     return math.ceil((weight_bytes / LOAD_BYTES_PER_SECOND + 120) / PROBE_PERIOD_S)
 
 
+def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The OpenAI-compatible API beside Triton (`tailor openai`, from `image`, tailor's runtime image): it reads
+    the model names and tokenizers from the repository and sends each request to Triton on the pod's loopback.
+    Ready once Triton is."""
+    return {
+        "name": "openai", "image": image, "command": ["tailor", "openai"],
+        "args": [f"--model-repository={repository}", f"--triton-port={PORTS['http']}",
+                 f"--openai-port={OPENAI_PORT}"],
+        "ports": [{"name": "openai", "containerPort": OPENAI_PORT}],
+        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
+        "resources": {"requests": dict(OPENAI_REQUESTS), "limits": {"memory": OPENAI_REQUESTS["memory"]}},
+        "volumeMounts": mounts,
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "openai"}, "periodSeconds": PROBE_PERIOD_S,
+                           "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
+        "securityContext": RESTRICTED,
+    }
+
+
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
               package: str, generation: int, image: str, engine_config: dict[str, Any] | None = None,
-              service_account: str = SERVING_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
+              service_account: str = SERVING_SERVICE_ACCOUNT, frontend_image: str | None = None
+              ) -> list[dict[str, Any]]:
     """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
     pool that is not skipped. `package` is the pool's `tailor package` folder inside `claim`; the pods run as
     `service_account` with no API token (Triton never calls the Kubernetes API). The Deployment's progress
     deadline is the startup allowance plus five minutes: past it the revision is failed, not waited for. The
     engine and, for vLLM, the engine arguments the package Job writes (`engine_config`) are annotations, so that
-    `kubectl get deploy -o yaml` shows what each replica runs with."""
+    `kubectl get deploy -o yaml` shows what each replica runs with. vLLM pods also serve the OpenAI-compatible
+    API from `frontend_image` (`openai_container`)."""
     if (plan.skipped is not None or plan.sizing is None or plan.replicas is None or plan.tensor_parallel is None
             or plan.engine is None):
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
@@ -201,7 +230,8 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                                                    "topologyKey": "kubernetes.io/hostname"}}]}},
             "securityContext": POD_SECURITY,
             "terminationGracePeriodSeconds": ENDPOINT_PROPAGATION_S + deployment.drain_seconds + PROBE_PERIOD_S,
-            "containers": [container],
+            "containers": [container] + ([openai_container(repository_in_pod(package), frontend_image, mounts)]
+                                         if plan.engine is Engine.VLLM and frontend_image is not None else []),
             "volumes": volumes,
         },
     }

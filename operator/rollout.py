@@ -21,7 +21,7 @@ from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
 from tailor.operator.decision import Decision, Pass, Patch, Refused
-from tailor.operator.deployment import PORTS, TRITON, manifests, service
+from tailor.operator.deployment import ENGINE_ANNOTATION, TRITON, manifests, pod_ports, service
 from tailor.operator.pools import Built, PoolPlan, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
@@ -103,14 +103,15 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
             image = deployment.triton_image
             engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
         for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
-                                  image, engine_config, p.settings.serving_service_account):
+                                  image, engine_config, p.settings.serving_service_account, p.settings.job_image):
             p.create(manifest)
         p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, pool.name, p.generation)}: "
                                    f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "
                                    f"{sized.concurrency_per_replica} concurrent requests each, engine "
                                    f"{sized.engine}")
         if current is None:  # the first revision: the Service can point at it from the start
-            p.create(service(p.model, pool.name, p.generation))
+            assert sized.engine is not None  # `manifests` refuses a pool no engine serves
+            p.create(service(p.model, pool.name, p.generation, sized.engine))
             status.revision = revision
         return status, False
     status.skipped = None  # this generation's revision exists: it is rolled out whatever the nodes say now
@@ -119,8 +120,9 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
         raise Refused(Reason.REVISION_FAILED, f"Deployment {mine['metadata']['name']} cannot become available: "
                                               f"{problem}")
     ready, count = available(mine, deployment.min_replicas if serving == revision else None)
-    if current is None:
-        p.create(service(p.model, pool.name, p.generation))
+    if current is None:  # the revision's engine, as it was created (the nodes may say otherwise now)
+        engine = Engine(mine["metadata"].get("annotations", {}).get(ENGINE_ANNOTATION, Engine.VLLM))
+        p.create(service(p.model, pool.name, p.generation, engine))
         status.revision = revision
     elif ready and serving != revision:  # never send traffic to a revision that is not ready
         p.actions.append(Patch("Service", service_name, {"spec": {"selector": {names.REVISION: revision}}}))
@@ -194,9 +196,9 @@ def deploy(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> Decision:
     p.status.pools = pools
     p.status.ready_replicas = sum(s.ready_replicas or 0 for s in pools)
     p.status.endpoints = [
-        Endpoint(pool=s.name, url=f"{names.service_name(p.name, s.name)}.{p.namespace}.svc:{PORTS[protocol]}",
-                 protocol=protocol)
-        for s in pools if s.revision is not None for protocol in ("http", "grpc")]
+        Endpoint(pool=s.name, url=f"{names.service_name(p.name, s.name)}.{p.namespace}.svc:{port}", protocol=protocol)
+        for s in pools if s.revision is not None and s.engine is not None
+        for protocol, port in pod_ports(Engine(s.engine)).items() if protocol != "metrics"]
     skipped = "; ".join(f"{s.name}: {s.skipped}" for s in pools if s.skipped)
     if all(s.skipped and s.revision is None for s in pools):
         raise Refused(Reason.NO_POOL_FITS, f"no pool can serve the model: {skipped}")

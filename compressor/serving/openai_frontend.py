@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,7 +230,7 @@ class Frontend:
         finally:
             await events.aclose()
 
-    async def _triton(self, name: str, payload: dict[str, Any], stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _triton(self, name: str, payload: dict[str, Any], stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Triton's responses to one request: one for `generate`, each event of `generate_stream`; an error is
         raised as the status Triton gave (400 for what the backend refuses)."""
         assert self.session is not None

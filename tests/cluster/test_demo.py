@@ -40,6 +40,9 @@ def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[
         assert answer["engine"] == "vllm" and "BF16 child" in " ".join(answer["notes"])
         assert abs(answer["engine_concurrency"] - answer["predicted_concurrency"]) <= 0.05 * answer[
             "predicted_concurrency"]  # the engine's own KV-cache count agrees with the sizing
+        # the pool's Service answers OpenAI's chat API too (the container beside Triton, through the Service)
+        assert answer["openai"]["model"] == "smollm2-cpu" and answer["openai"]["content"].strip()
+        assert answer["openai"]["finish_reason"] in ("length", "stop") and "OpenAI API" in done.stdout
         assert set(report["stage_seconds"]) == {"Compress", "Quantize", "Evaluate", "Deploy"}
         pools = {(p["model"], p["name"]): p for p in report["pools"]}
         assert pools[("nemotron-super-h100", "h100")]["concurrencyPerGpu"] == 8  # the published 8 per H100

@@ -11,6 +11,7 @@ from kubernetes import client, utils
 
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.serving.engines import Engine
 from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.operator import api as model
 from tailor.operator.deployment import manifests, service
@@ -51,9 +52,10 @@ def test_pools_sized_from_live_nodes_deploy_and_go_with_their_model(api: client.
         ("b200", "B200-180GB", 1, None), ("h100", "H100-80GB", 2, None)]
     assert spec.deployment is not None
     engine = {"max_num_seqs": 8}  # the engine arguments' annotation, validated by the API server with the rest
-    objects = [m for plan in plans for m in (service(created, plan.name, 1),
+    objects = [m for plan in plans for m in (service(created, plan.name, 1, Engine.VLLM),
                                              *manifests(created, plan, spec.deployment, "artifacts", "g1/repo", 1,
-                                                        spec.deployment.triton_image, engine))]
+                                                        spec.deployment.triton_image, engine,
+                                                        frontend_image=model.RUNTIME_IMAGE))]
     utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)  # the API server validates each
     name = body["metadata"]["name"]
     assert _owned(api, namespace) == sorted([f"{kind}/{name}-{pool}-g1" for pool in ("b200", "h100") for kind in KINDS

@@ -14,7 +14,7 @@ from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
-from tailor.operator.api import TRITON_VLLM_IMAGE, CompressedModel
+from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import autoscaler, manifests, service, startup_failure_threshold
 from tailor.operator.pools import Built, PoolPlan
 from tailor.operator.pools import plan_pools as plan_deployment
@@ -91,8 +91,9 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert model.spec.deployment is not None
     engine = {"max_num_seqs": 7}
     deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3,
-                                               model.spec.deployment.triton_image, engine)
-    pool_service = service(owner, plan.name, 3)
+                                               model.spec.deployment.triton_image, engine,
+                                               frontend_image=RUNTIME_IMAGE)
+    pool_service = service(owner, plan.name, 3, Engine.VLLM)
     assert deployment["metadata"]["name"] == "nemotron-super-h100-h100-g3"
     assert pool_service["metadata"]["name"] == "nemotron-super-h100-h100"
     assert pool_service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -113,7 +114,15 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     # the image's own backends: its Python backend runs the repository's model.py (tailor's vLLM backend)
     assert container["command"] == ["tritonserver"] and not any("backend" in arg for arg in container["args"])
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]  # no model hub: only the claim's files
-    assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002]
+    assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002, 9000]
+    # the OpenAI-compatible API beside Triton, reaching it on the pod's loopback, from the runtime image
+    frontend = pod["containers"][1]
+    assert (frontend["name"], frontend["image"], frontend["command"]) == ("openai", RUNTIME_IMAGE,
+                                                                          ["tailor", "openai"])
+    assert frontend["args"] == ["--model-repository=/models/g1/repo/repository", "--triton-port=8000",
+                                "--openai-port=9000"]
+    assert frontend["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert "nvidia.com/gpu" not in frontend["resources"]["requests"]
     assert container["image"] == TRITON_VLLM_IMAGE and plan.engine is Engine.VLLM
     assert deployment["metadata"]["annotations"] == {"tailor.dev/engine": "vllm",
                                                      "tailor.dev/engine-args": '{"max_num_seqs": 7}'}
