@@ -11,8 +11,8 @@ from kubernetes import client, utils
 
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.serving.engines import Engine
 from tailor.compressor.memory import KvDtype, recipe_for
+from tailor.compressor.serving.engines import Engine
 from tailor.operator import api as model
 from tailor.operator.deployment import manifests, service
 from tailor.operator.pools import Built, plan_pools
