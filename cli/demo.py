@@ -21,7 +21,9 @@ def _demo(args: argparse.Namespace) -> int:
     bodies = demo.follow(names)
     answer = demo.ask(bodies[names[0]], "local")
     autoscaling = demo.autoscaling(bodies[names[0]], "local")
-    report = summary(bodies, demo.artifacts(bodies[names[0]]), answer, autoscaling, time.monotonic() - demo.started)
+    served = demo.served_speedup(bodies[names[0]])
+    report = summary(bodies, demo.artifacts(bodies[names[0]]), answer, autoscaling, served,
+                     time.monotonic() - demo.started)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
