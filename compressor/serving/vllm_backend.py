@@ -52,11 +52,15 @@ if len(tempfile.gettempdir()) > IPC_FOLDER_MAX and "VLLM_RPC_BASE_PATH" not in o
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
-from vllm.exceptions import VLLMClientError  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
 
-ENGINE_ARGS_FILE = "model.json"
+try:  # what vLLM refuses about a request; older vLLMs (an image's may be one) raise ValueErrors
+    from vllm.exceptions import VLLMClientError
+except ImportError:
+    VLLMClientError = ValueError  # type: ignore[misc,assignment]
+
+ENGINE_ARGS_FILE = "model.json"  # engines.ENGINE_ARGS_FILE (this file imports nothing of tailor's)
 # sampling_parameters fields a request may set; anything else is refused by name
 SAMPLING_FIELDS = {"max_tokens": int, "min_tokens": int, "temperature": float, "top_p": float, "top_k": int,
                    "min_p": float, "seed": int, "ignore_eos": bool, "stop": list, "presence_penalty": float,
@@ -233,8 +237,9 @@ def engine_capacity(engine: AsyncLLM, labels: dict[str, str]) -> list[Any]:
     """The engine's own KV-cache accounting, logged and published as gauges (the families, to keep alive):
     `tailor_engine_kv_cache_tokens` and `tailor_engine_max_concurrency` (requests of max_model_len it holds),
     what the operator's sizing is checked against. Families and metrics are returned: each must stay alive."""
-    cache = engine.vllm_config.cache_config
-    tokens, concurrency = cache.kv_cache_size_tokens or 0, cache.kv_cache_max_concurrency or 0.0
+    cache = engine.vllm_config.cache_config  # fields an older vLLM may not have: 0, and the log says so
+    tokens = getattr(cache, "kv_cache_size_tokens", None) or 0
+    concurrency = getattr(cache, "kv_cache_max_concurrency", None) or 0.0
     pb_utils.Logger.log_info(f"vLLM KV cache: {tokens} tokens, {concurrency:.2f} requests of "
                              f"{engine.vllm_config.model_config.max_model_len} tokens")
     kept = []
@@ -287,7 +292,7 @@ class TritonMetrics(StatLoggerBase):  # type: ignore[misc]  # vLLM is not in the
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None:
             self.running.set(scheduler_stats.num_running_reqs)
-            self.waiting.set(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+            self.waiting.set(scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
             self.kv_usage.set(scheduler_stats.kv_cache_usage)
         if iteration_stats is None:
             return

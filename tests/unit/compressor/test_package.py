@@ -11,7 +11,7 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.memory import KvDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, Engine
 from tailor.compressor.serving.repository import MAX_BATCH_CAP, VLLM_BACKEND, package
 from tailor.compressor.serving.server import backend_folder
 
@@ -33,6 +33,7 @@ def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_wit
     model = tmp_path / "pkg" / "repository" / "tiny"
     assert 'backend: "python"' in (model / "config.pbtxt").read_text()
     assert (model / "1" / "model.py").read_bytes() == VLLM_BACKEND.read_bytes()
+    assert f'ENGINE_ARGS_FILE = "{ENGINE_ARGS_FILE}"' in VLLM_BACKEND.read_text()  # where it reads model.json
     # the devcluster's tritonserver has the Python backend alone: it runs this same model.py
     assert [path.name for path in backend_folder(tmp_path / "backends").iterdir()] == ["python"]
     assert (model / "1" / "checkpoint" / "hf_quant_config.json").exists()  # vLLM reads the modelopt export as is
