@@ -14,6 +14,7 @@ that the Triton here (pytriton's 2.51) lacks; this one talks to any Triton over 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -63,7 +64,7 @@ class Model:
     tokenizer: Any = None
 
     def tokens(self, text: str) -> int:
-        return len(self._tokenizer().encode(text, add_special_tokens=False))
+        return len(self.load().encode(text, add_special_tokens=False))
 
     def chat_prompt(self, messages: Any) -> str:
         """The prompt the model's chat template makes of OpenAI `messages`."""
@@ -74,13 +75,14 @@ class Model:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise RequestError(f"messages[{index}] must be an object with a role", f"messages[{index}]")
             turns.append({"role": message["role"], "content": _text(message.get("content"), index)})
-        tokenizer = self._tokenizer()
+        tokenizer = self.load()
         if not tokenizer.chat_template:
             raise RequestError(f"model {self.name} has no chat template: use /v1/completions", "messages")
         prompt: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return prompt
 
-    def _tokenizer(self) -> Any:
+    def load(self) -> Any:
+        """The model's tokenizer (its files beside the weights; no code of its own is run)."""
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -198,9 +200,9 @@ class Frontend:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body, model = await self._body(request)
-        prompt = model.chat_prompt(body.get("messages"))
-        return await self._generate(request, body, model, prompt, max(1, model.context - model.tokens(prompt)),
-                                    chat=True)
+        prompt = await asyncio.to_thread(model.chat_prompt, body.get("messages"))
+        prompt_tokens = await asyncio.to_thread(model.tokens, prompt)
+        return await self._generate(request, body, model, prompt, max(1, model.context - prompt_tokens), chat=True)
 
     async def _generate(self, request: web.Request, body: dict[str, Any], model: Model, prompt: str,
                         default_tokens: int, chat: bool) -> web.StreamResponse:
@@ -208,7 +210,7 @@ class Frontend:
         stream = bool(body.get("stream"))
         payload = {"text_input": prompt, "sampling_parameters": json.dumps(fields), "stream": stream,
                    "exclude_input_in_output": True, "return_finish_reason": True, "return_num_output_tokens": True}
-        reply = Reply(model.name, chat, model.tokens(prompt))
+        reply = Reply(model.name, chat, await asyncio.to_thread(model.tokens, prompt))  # off the event loop
         events = self._triton(model.name, payload, stream)
         try:  # a client that goes away closes Triton's stream, and the engine drops the request
             first = await anext(events)  # a refused request is refused before any event is streamed
@@ -315,4 +317,6 @@ def serve(triton: str, repository: Path, host: str, port: int) -> None:
     models = read_models(repository)
     if not models:
         raise ValueError(f"{repository}: no vLLM model (no */*/{ENGINE_ARGS_FILE}) to serve")
+    for model in models.values():  # an unreadable tokenizer stops the server now, not its first request
+        model.load()
     web.run_app(Frontend(triton, models).app(), host=host, port=port, print=None, shutdown_timeout=30)

@@ -58,7 +58,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
 try:  # what vLLM refuses about a request; older vLLMs (an image's may be one) raise ValueErrors
     from vllm.exceptions import VLLMClientError
 except ImportError:
-    VLLMClientError = ValueError  # type: ignore[misc,assignment]
+    VLLMClientError = ValueError
 
 ENGINE_ARGS_FILE = "model.json"  # engines.ENGINE_ARGS_FILE (this file imports nothing of tailor's)
 # sampling_parameters fields a request may set; anything else is refused by name
