@@ -433,7 +433,7 @@ def render(report: dict[str, Any]) -> str:
         f"({report['answer']['tokens']} tokens in {report['answer']['seconds']:.1f}s)",
         f"  engine          {report['answer']['engine']}" + "".join(f"; {note}" for note in report['answer']['notes']),
         *([f"  OpenAI API      POST /v1/chat/completions {{\"model\": \"{report['answer']['openai']['model']}\", "
-           f"\"messages\": [{{\"role\": \"user\", \"content\": {report['answer']['prompt']!r}}}]}}: "
+           f"\"messages\": [{{\"role\": \"user\", \"content\": {json.dumps(report['answer']['prompt'])}}}]}}: "
            f"{report['answer']['openai']['content']!r} ({report['answer']['openai']['finish_reason']}, "
            f"{report['answer']['openai']['completion_tokens']} tokens)"]
           if report["answer"].get("openai") else []),
