@@ -45,8 +45,9 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     assert [s["state"] for s in status["stages"]] == ["Succeeded"] * 4
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["observedGeneration"] == 1
-    assert {e["url"] for e in status["endpoints"]} == {f"super-h100.{namespace}.svc:8000",
-                                                      f"super-h100.{namespace}.svc:8001"}
+    assert {(e["protocol"], e["url"]) for e in status["endpoints"]} == {
+        ("http", f"super-h100.{namespace}.svc:8000"), ("grpc", f"super-h100.{namespace}.svc:8001"),
+        ("openai", f"super-h100.{namespace}.svc:9000")}  # the OpenAI-compatible API beside Triton
 
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     deployment = apps.read_namespaced_deployment("super-h100-g1", namespace)
