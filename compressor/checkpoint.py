@@ -232,10 +232,14 @@ def child_config(parent_config: dict[str, Any], arch: Architecture) -> dict[str,
                 entry["block_type"] = kind
         config.update(architectures=["NemotronHPuzzleForCausalLM"], model_type="nemotron_h_puzzle",
                       block_configs=entries)
-        shapes = {(m.num_heads, m.head_dim, m.state_size, m.n_groups) for m in arch.mamba_layers()}
-        if len(shapes) == 1:  # engines read the Mamba shape from the model-wide fields only (vLLM)
-            heads, head_dim, state, groups = shapes.pop()
-            config.update(mamba_num_heads=heads, mamba_head_dim=head_dim, ssm_state_size=state, n_groups=groups)
+        # engines read the Mamba shape from the model-wide fields only (vLLM): each one all blocks share goes there
+        mambas = arch.mamba_layers()
+        for field, sizes in (("mamba_num_heads", {m.num_heads for m in mambas}),
+                             ("mamba_head_dim", {m.head_dim for m in mambas}),
+                             ("ssm_state_size", {m.state_size for m in mambas}),
+                             ("n_groups", {m.n_groups for m in mambas})):
+            if len(sizes) == 1:
+                config[field] = sizes.pop()
         return config
     config.update(architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", block_configs=block_configs(arch),
                   num_hidden_layers=len(arch.blocks))
