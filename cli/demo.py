@@ -21,7 +21,7 @@ def _demo(args: argparse.Namespace) -> int:
     bodies = demo.follow(names)
     answer = demo.ask(bodies[names[0]], "local")
     autoscaling = demo.autoscaling(bodies[names[0]], "local")
-    served = demo.served_speedup(bodies[names[0]])
+    served = demo.served_speedup(names[0])
     report = summary(bodies, demo.artifacts(bodies[names[0]]), answer, autoscaling, served,
                      time.monotonic() - demo.started)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """`tailor package`, `tailor serve`, `tailor generate` (vLLM), `tailor infer` (the Python fallback engine),
-`tailor openai` (an OpenAI-compatible API in front of Triton): a model on a real Triton Inference Server."""
+`tailor openai` (an OpenAI-compatible API in front of Triton), `tailor speed` (the served speed-up): a model on a
+real Triton Inference Server."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def _package(args: argparse.Namespace) -> int:
                            max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
                            threads=args.threads, dtype=PACKAGE_DTYPE, tensor_parallel=pool.tensor_parallel,
                            mount=repository_in_pod(folder), sizing=pool.sizing)
+        if pool.measure_speedup:
+            _package_pair(plan)
     else:
         needs(args, "model", "out", "name")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu)
@@ -55,6 +58,48 @@ def _package(args: argparse.Namespace) -> int:
                            instances=args.instances, decoupled=args.stream, threads=args.threads, dtype=args.dtype,
                            tensor_parallel=args.tensor_parallel, mount=args.mount)
     print(settings.model_dump_json(indent=2))
+    return 0
+
+
+def _package_pair(plan: Any) -> None:
+    """The BF16 child and the parent side by side for `tailor speed`, in the pool's speed folder."""
+    from tailor.compressor.buildplan import repository_in_pod
+    from tailor.compressor.puzzle.pipeline import resolve_parent
+    from tailor.compressor.serving.speedup import package_pair
+
+    pool = plan.pool
+    folder = plan.layout.speed(pool.generation, pool.name)
+    reason = package_pair(Path(plan.layout.child), resolve_parent(plan.parent), Path(plan.layout.root, folder),
+                          plan.catalog().get(pool.gpu_profile), pool.context, pool.tensor_parallel,
+                          repository_in_pod(folder))
+    print(reason or f"packaged the child and the parent for the served speed-up in {folder}", file=sys.stderr)
+
+
+def _speed(args: argparse.Namespace) -> int:
+    from tailor.cli.plans import write_results
+    from tailor.compressor.buildplan import REPOSITORY, BuildPlan
+    from tailor.compressor.serving import speedup
+
+    plan = BuildPlan.load(args.plan)
+    pool = plan.pool
+    if pool is None or not pool.measure_speedup:
+        raise ValueError(f"{args.plan}: the build plan names no pool whose speed-up is measured")
+    folder = plan.layout.speed(pool.generation, pool.name)
+    reason = speedup.skipped(Path(plan.layout.root, folder))
+    if reason is None:
+        speedup.wait_ready(f"http://127.0.0.1:{args.http_port}", args.timeout)
+        pid = speedup.server_pid(f"{folder}/{REPOSITORY}")
+        if pid is None:
+            raise RuntimeError(f"no tritonserver serving {folder}/{REPOSITORY} is visible from this process (the "
+                               "pod must share its process namespace)")
+        _, found = speedup.measure(f"127.0.0.1:{args.grpc_port}", pid, lambda row: print(
+            f"{row['model']:<6} c={row['concurrency']:<3} round {row['round']} {row['tokens_per_second']:8.1f} tok/s, "
+            f"other processes {row['other_cores']:.2f} cores", file=sys.stderr, flush=True))
+        result = speedup.result(pool.gpu_profile, pool.context, found)
+    else:
+        result = speedup.result(pool.gpu_profile, pool.context, reason=reason)
+    write_results(result, args.result_file, plan, "speed")
+    print(result.model_dump_json(indent=2))
     return 0
 
 
@@ -167,6 +212,15 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--stream", action="store_true",
                       help="tailor-python: decoupled, one response per token (vllm models always are)")
     pack.set_defaults(run=_package)
+
+    speed = nouns.add_parser("speed", help="the served speed-up: the child's tokens/s over the parent's through the "
+                                           "Triton beside this process, interleaved (the operator's speed Job)")
+    speed.add_argument("--plan", type=Path, required=True, help="the measured pool's package plan")
+    speed.add_argument("--http-port", type=int, default=8000, help="the Triton server's HTTP port on 127.0.0.1")
+    speed.add_argument("--grpc-port", type=int, default=8001, help="the Triton server's gRPC port on 127.0.0.1")
+    speed.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for both models to load")
+    speed.add_argument("--result-file", type=Path, help="also write the JSON result here (a Job's termination log)")
+    speed.set_defaults(run=_speed)
 
     exec_server = nouns.add_parser("tritonserver", help="exec the tritonserver bundled in nvidia-pytriton with "
                                    "its Python backend: tailor tritonserver -- <tritonserver's own arguments>")

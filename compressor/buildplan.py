@@ -9,6 +9,7 @@ Layout of the artifacts claim (`ArtifactLayout`), per object `<name>-<uid8>`:
     <folder>/g<build>/quantized              the exported quantized checkpoint
     <folder>/g<build>/results/<stage>.json   each stage's result, also kept beside the artifacts
     <folder>/g<generation>/triton-<pool>/repository   a pool's model repository
+    <folder>/g<generation>/speed-<pool>/repository    parent and child side by side (`tailor speed`)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
 REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
 MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs), whatever memory allows
 PACKAGE_DTYPE = "bfloat16"  # what the package Jobs serve unquantized weights in
-Stage = Literal["compress", "quantize", "evaluate", "package"]
+Stage = Literal["compress", "quantize", "evaluate", "package", "speed"]
 BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
 
 
@@ -83,6 +84,10 @@ class ArtifactLayout(_Model):
         """A pool's `tailor package` folder, relative to the claim's root (Triton pods mount the claim elsewhere)."""
         return f"{self.folder}/g{generation}/triton-{pool}"
 
+    def speed(self, generation: int, pool: str) -> str:
+        """The parent and child packaged side by side for `tailor speed`, relative to the claim's root."""
+        return f"{self.folder}/g{generation}/speed-{pool}"
+
     def prune(self) -> list[Path]:
         """The retention policy: a build removes the object's older generation folders (builds and packages),
         keeping its own and those in `keep`; the removed folders."""
@@ -123,6 +128,8 @@ class PoolServing(_Model):
     quantized: bool = Field(True, description="Serve the quantized checkpoint; false: the BF16 child (where the "
                                               "pool's engine cannot run the quantized one).")
     sizing: Sizing
+    measure_speedup: bool = Field(False, description="Also package the BF16 child and the parent side by side "
+                                                     "for the served speed-up (`tailor speed`).")
 
 
 class BuildPlan(_Model):

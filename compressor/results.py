@@ -113,6 +113,32 @@ class GateResult(StageResult):
     tokens: int = Field(ge=1, le=10**10)
 
 
+class SpeedRatio(BaseModel):
+    """The child's tokens/s over the parent's at one concurrency: the median over rounds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(ge=1, le=4096)
+    ratio: Positive
+    per_round: list[Positive] = Field(max_length=16)
+    contended: bool = Field(description="A row behind it was taken while other processes used the CPU.")
+
+
+class SpeedResult(StageResult):
+    """`tailor speed`: the child's served tokens/s over its parent's, both in one tritonserver with the same
+    engine arguments, measured interleaved; or why it was not measured (`skipped`)."""
+
+    stage: Literal["speed"] = "speed"
+    engine: Literal["vllm"] = "vllm"
+    gpu: str = Field(max_length=64)
+    context: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    new_tokens: int = Field(ge=1)
+    rounds: int = Field(ge=0, le=16)
+    ratios: list[SpeedRatio] = Field(default_factory=list, max_length=16)
+    skipped: str | None = Field(None, max_length=1024)
+
+
 def write_result(result: StageResult, path: Path) -> None:
     """The result as JSON at `path` (e.g. /dev/termination-log), written whole or not at all."""
     text = result.message()

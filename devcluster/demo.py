@@ -42,8 +42,6 @@ EXAMPLE = ROOT / "examples" / "smollm2-135m-cpu.yaml"
 REFERENCES = [ROOT / "examples" / "nemotron-super-h100.yaml", ROOT / "examples" / "nemotron-super-b200.yaml"]
 RELEASE, SYSTEM, NAMESPACE = "tailor", "tailor-system", "tailor-demo"
 PROMPT = "The capital of France is"
-# the served speed-up: child vs parent through Triton + vLLM, interleaved
-SPEED_CONCURRENCY, SPEED_ROUNDS, SPEED_TOKENS = [1, 16], 2, 64
 # `--preset fast`: half the token budgets of the example, so a shorter wait and a child that keeps less of
 # the parent (about 0.8 of its accuracy here, against 0.88-0.92 by default): its floor is 0.6
 FAST: dict[str, Any] = {
@@ -270,46 +268,21 @@ class Demo:
                 "replicas": hpa.status.current_replicas, "minReplicas": hpa.spec.min_replicas,
                 "maxReplicas": hpa.spec.max_replicas}
 
-    def served_speedup(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The child's tokens/s over the parent's through the serving engine (Triton + vLLM's CPU build, this
-        machine), both packaged as the pool's are (context, max_num_seqs) in one tritonserver, measured
-        interleaved (`speed.interleaved`) at the concurrencies in SPEED_CONCURRENCY."""
-        from tailor.compressor.hardware import GpuCatalog
-        from tailor.compressor.serving.repository import package
-        from tailor.compressor.serving.server import triton_server
-        from tailor.compressor.serving.speed import interleaved, ratios, vllm_request
-        from tailor.compressor.sources import fetch_parent
-
-        name = body["metadata"]["name"]
-        build_dir = self.claim_folder(f"{name}-artifacts") / artifacts_folder(body) / "g1"
-        context, batch = body["spec"]["deployment"]["contextLength"], max(SPEED_CONCURRENCY)
-        work = self.out / "served-speed"
-        shutil.rmtree(work, ignore_errors=True)
-        repository = work / "repository"
-        repository.mkdir(parents=True)
-        models = {"child": build_dir / "compress" / "child",
-                  "parent": self.claim_folder("models") / fetch_parent().name}
-        for label, folder in models.items():
-            package(folder, work / label, label, GpuCatalog.load().get(body["spec"]["compression"]["targetGPU"]),
-                    context, max_batch_size=batch)
-            (repository / label).symlink_to((work / label / "repository" / label).resolve())
-        log(f"measuring the served speed-up: parent and child in one tritonserver (vLLM, max_num_seqs {batch}, "
-            f"context {context}), interleaved, {SPEED_ROUNDS} rounds at concurrency "
-            f"{', '.join(map(str, SPEED_CONCURRENCY))}")
-        with triton_server(repository, timeout=600) as server:
-            def sender(label: str) -> Any:
-                return lambda _: vllm_request(server.grpc_url, label, PROMPT, SPEED_TOKENS)
-
-            for label in models:
-                sender(label)(0)  # warm-up
-            rows = interleaved(list(models), sender, SPEED_CONCURRENCY, SPEED_ROUNDS, server.process.pid,
-                               lambda row: log(f"  {row['model']:<6} c={row['concurrency']:<3} round {row['round']} "
-                                               f"{row['tokens_per_second']:6.1f} tok/s, other processes "
-                                               f"{row['other_cores']:.2f} cores"))
-        found = ratios(rows, "parent")
-        return {"engine": "vllm (Triton)", "rounds": SPEED_ROUNDS, "new_tokens": SPEED_TOKENS,
-                "ratios": [{k: f[k] for k in ("concurrency", "ratio", "per_round", "contended")} for f in found],
-                "rows": rows, "measured_on": "this machine (cpu, BF16), interleaved"}
+    def served_speedup(self, name: str) -> dict[str, Any]:
+        """The object's status.servedSpeedup once its speed Job has ended (the child's tokens/s over the parent's
+        through Triton + vLLM, measured by the operator's Job on the pool's node: here, this machine), streaming
+        the Job's log meanwhile."""
+        offsets: dict[Path, int] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            found = ((self.get(name) or {}).get("status") or {}).get("servedSpeedup") or {}
+            self.stream_logs(offsets)
+            if found.get("state") not in (None, "Running"):
+                log(f"{name}: served speed-up {found['state']}: {found.get('message')}")
+                return found
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: the served speed-up was not measured after {self.timeout_s:.0f}s: {found}")
+            time.sleep(2)
 
     def artifacts(self, body: dict[str, Any]) -> dict[str, Any]:
         """The compression report and quantization report the Jobs left on the artifacts claim."""
@@ -391,7 +364,7 @@ def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer
                   "perplexity": child["quality"]["perplexity"], "kl_to_parent": report["kl_to_parent"]},
         "speedup": {"measured": report["measured_speedup"], "predicted": report["predicted_speedup"],
                     "measured_on": report["measured_on"]},
-        "served_speedup": {**served, "predicted": report["predicted_speedup"]},
+        "served_speedup": served,
         "quantized": {"recipe": quantized["recipe"], "bytes": quantized["bytes_after"],
                       "perplexity_before": quantized["unquantized"]["quality"]["perplexity"],
                       "perplexity_after": quantized["quantized"]["quality"]["perplexity"],
@@ -403,6 +376,20 @@ def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer
         "pools": [{"model": name, "contextLength": body["spec"]["deployment"]["contextLength"], **pool}
                   for name, body in bodies.items() for pool in body["status"].get("pools", [])],
     }
+
+
+def served_line(served: dict[str, Any]) -> str:
+    """status.servedSpeedup in a line: each ratio and its share of the prediction, or why nothing was measured."""
+    if served.get("state") != "Measured":
+        return f"{served.get('state')}: {served.get('message')}"
+    predicted = served.get("predicted")
+    rounds = max(len(r["perRound"]) for r in served["ratios"])
+    return (", ".join(f"{r['ratio']:.2f}x at concurrency {r['concurrency']}" + (" (contended)" if r["contended"]
+                                                                                else "") for r in served["ratios"])
+            + f" measured through Triton + vLLM by the operator's speed Job, child vs parent interleaved over "
+            f"{rounds} rounds" + (f" ({predicted:.2f}x predicted: " + ", ".join(
+                f"{r['ratio'] / predicted:.2f} of it at {r['concurrency']}" for r in served["ratios"]) + ")"
+                if predicted else ""))
 
 
 def render(report: dict[str, Any]) -> str:
@@ -417,12 +404,7 @@ def render(report: dict[str, Any]) -> str:
         f"-> {quant['bytes'] / 1e6:.1f} MB ({quant['recipe']})",
         f"  decode speed    {parent['decode_tokens_per_second']:.1f} -> {child['decode_tokens_per_second']:.1f} "
         f"tokens/s: {speed['measured']:.2f}x measured ({speed['predicted']:.2f}x predicted), {speed['measured_on']}",
-        "  served speed-up " + ", ".join(
-            f"{r['ratio']:.2f}x at concurrency {r['concurrency']}" + (" (contended)" if r["contended"] else "")
-            for r in served["ratios"]) + f" measured through Triton + vLLM, child vs parent interleaved over "
-        f"{served['rounds']} rounds ({served['predicted']:.2f}x predicted: "
-        + ", ".join(f"{r['ratio'] / served['predicted']:.2f} of it at {r['concurrency']}" for r in served["ratios"])
-        + ")",
+        "  served speed-up " + served_line(served),
         f"  perplexity      Puzzle: {parent['perplexity']:.1f} -> {child['perplexity']:.1f} (KL to the parent "
         f"{child['kl_to_parent']:.3f}); {quant['recipe']}: {quant['perplexity_before']:.1f} -> "
         f"{quant['perplexity_after']:.1f} (KL {quant['kl_to_unquantized']:.3f}), each on its own held-out text",

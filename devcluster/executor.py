@@ -38,7 +38,11 @@ and its Triton pods run the real tritonserver on this machine.
   `KUBERNETES_SERVICE_HOST`/`PORT` (this API server) and, since nothing can be mounted at the standard path,
   `TAILOR_SERVICE_ACCOUNT_DIR` naming the folder; so the operator's own pod runs with exactly its
   ServiceAccount's permissions.
-- Not implemented: security contexts (processes run as this user), resource limits, init containers, exec
+- **Native sidecars** (init containers with restartPolicy Always) start first and run beside the containers,
+  restarted whenever they exit, and are stopped once the other containers have ended for good (a Job's pod
+  completes); their status goes to initContainerStatuses.
+- Not implemented: security contexts (processes run as this user), resource limits, init containers that run
+  to completion, exec
   and tcp probes, liveness and startup probes, lifecycle hooks other than a preStop sleep, multi-node torchrun
   (an Indexed Job's ranks would all run here).
 """
@@ -160,6 +164,7 @@ class Readiness:
 class Container:
     spec: dict[str, Any]
     folder: Path
+    sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others, stopped after them
     process: subprocess.Popen[bytes] | None = None  # the shim, when this executor started it
     pid: int | None = None  # the shim's (started by this executor or adopted from a record)
     pid_start: int | None = None  # when it started, to tell it from a later process given the same pid
@@ -444,9 +449,13 @@ class Executor:
         if record is not None:
             local.ports = {name: int(port) for name, port in record["ports"].items()}
         volumes = {v.name: self._volume(v, pod, local) for v in pod.spec.volumes or []}
-        for spec in pod.spec.containers:
+        init = pod.spec.init_containers or []
+        if any(spec.restart_policy != "Always" for spec in init):
+            raise ValueError("the executor runs native sidecars (init containers with restartPolicy Always) only, "
+                             "not init containers that run to completion")
+        for index, spec in enumerate([*init, *pod.spec.containers]):  # sidecars first, as a kubelet starts them
             container = Container(spec=client.ApiClient().sanitize_for_serialization(spec),  # type: ignore[no-untyped-call]
-                                  folder=folder / spec.name)
+                                  folder=folder / spec.name, sidecar=index < len(init))
             container.folder.mkdir(exist_ok=True)
             for mount in spec.volume_mounts or []:
                 local_path = Path(volumes[mount.name]) / (mount.sub_path or "")
@@ -584,6 +593,10 @@ class Executor:
         for token in local.tokens:
             if time.monotonic() > token.renew_at:
                 self._renew(local, token)
+        finished = self._finished(local)
+        if finished and any(c.sidecar and c.exit_code is None for c in local.containers):
+            self._terminate([local], local.grace_s, sidecars=True)  # the pod's work is done: its sidecars stop
+            local.save()
         for container in local.containers:
             if container.exit_code is None and not container.running():
                 container.exit_code, container.finished_at = container.last_exit_code(), _now()
@@ -591,7 +604,7 @@ class Executor:
                 container.readiness.reset()
                 local.save()
                 log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}")
-            if container.exit_code is not None and self._restarts(local, container) and \
+            if container.exit_code is not None and not finished and self._restarts(local, container) and \
                     time.monotonic() - container.exited_monotonic > RESTART_DELAY_S:
                 container.restarts += 1
                 self._launch(local, container)
@@ -605,7 +618,14 @@ class Executor:
 
     @staticmethod
     def _restarts(local: LocalPod, container: Container) -> bool:
-        return local.restart_policy == "Always" or (local.restart_policy == "OnFailure" and container.exit_code != 0)
+        return container.sidecar or local.restart_policy == "Always" or (
+            local.restart_policy == "OnFailure" and container.exit_code != 0)
+
+    @classmethod
+    def _finished(cls, local: LocalPod) -> bool:
+        """Whether every container but the sidecars has ended for good (the pod is Succeeded or Failed)."""
+        main = [c for c in local.containers if not c.sidecar]
+        return all(c.exit_code is not None and not cls._restarts(local, c) for c in main)
 
     @staticmethod
     def _probe(local: LocalPod, probe: dict[str, Any] | None) -> bool:
@@ -625,10 +645,10 @@ class Executor:
             return False
 
     def report(self, local: LocalPod) -> None:
-        statuses, phase = [], "Running"
-        exits = [c.exit_code for c in local.containers]
-        if all(code is not None for code in exits) and not any(self._restarts(local, c) for c in local.containers):
-            phase = "Succeeded" if all(code == 0 for code in exits) else "Failed"
+        statuses: dict[bool, list[dict[str, Any]]] = {True: [], False: []}  # by sidecar or not
+        phase = "Running"
+        if self._finished(local):
+            phase = "Succeeded" if all(c.exit_code == 0 for c in local.containers if not c.sidecar) else "Failed"
         for container in local.containers:
             spec = container.spec
             if container.exit_code is None:
@@ -638,14 +658,15 @@ class Executor:
                                         "finishedAt": container.finished_at,
                                         "reason": "Completed" if container.exit_code == 0 else "Error",
                                         **({"message": message} if (message := self._message(container)) else {})}}
-            statuses.append({"name": spec["name"], "image": spec.get("image", ""), "imageID": "",
-                             "ready": container.readiness.ready, "started": container.exit_code is None,
-                             "restartCount": container.restarts, "state": state})
+            statuses[container.sidecar].append({
+                "name": spec["name"], "image": spec.get("image", ""), "imageID": "", "ready": container.readiness.ready,
+                "started": container.exit_code is None, "restartCount": container.restarts, "state": state})
         ready = phase == "Running" and all(c.readiness.ready for c in local.containers)
         condition = "True" if ready else "False"
         body = {"status": {"phase": phase, "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
                            "hostIP": "127.0.0.1", "startTime": local.containers[0].started_at,
-                           "containerStatuses": statuses,
+                           "containerStatuses": statuses[False],
+                           **({"initContainerStatuses": statuses[True]} if statuses[True] else {}),
                            "conditions": [{"type": "Initialized", "status": "True"},
                                           {"type": "ContainersReady", "status": condition},
                                           {"type": "Ready", "status": condition}]}}
@@ -695,10 +716,12 @@ class Executor:
             log(f"executor: stopped {len(pods)} pod(s)")
 
     @staticmethod
-    def _terminate(pods: list[LocalPod], grace_s: float) -> None:
-        """SIGTERM to each running container's shim, which passes it to the container's main process; SIGKILL to
-        the process trees still running after `grace_s`. Each container's exit code is kept."""
-        running = [c for local in pods for c in local.containers if c.exit_code is None and c.running()]
+    def _terminate(pods: list[LocalPod], grace_s: float, sidecars: bool = False) -> None:
+        """SIGTERM to each running container's shim (`sidecars`: the sidecars' only), which passes it to the
+        container's main process; SIGKILL to the process trees still running after `grace_s`. Each container's
+        exit code is kept."""
+        running = [c for local in pods for c in local.containers
+                   if c.exit_code is None and c.running() and (c.sidecar or not sidecars)]
         for container in running:
             assert container.pid is not None
             with contextlib.suppress(ProcessLookupError):

@@ -4,8 +4,8 @@ No GPU runs here, so a CompressedModel aimed at an H100 or B200 pool cannot real
 machine. kwok ends its Job pods with the termination message named by a pod annotation (the
 `devcluster.tailor.dev/result-<stage>` stages of kwok-stages.yaml); these are the messages of the published
 case: Nemotron-3-Super (120.7B / 12.8B active) compressed to the Puzzle-75B child (75.3B / 9.3B) and
-quantized to NVFP4. The operator then sizes and deploys that child on every pool for real, from the child's
-config.json, as it would after real Jobs.
+quantized to NVFP4; a speed Job's says it measured nothing. The operator then sizes and deploys that child on
+every pool for real, from the child's config.json, as it would after real Jobs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, pack_config
+from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, SpeedResult, pack_config
 
 PUBLISHED_CHILD = Path(__file__).resolve().parent.parent / "compressor" / "models" / "nemotron-3-puzzle-75b-a9b.json"
 RESULT_ANNOTATION = "devcluster.tailor.dev/result-{stage}"
@@ -36,4 +36,7 @@ def published_results(passed: bool = True) -> dict[str, str]:
                       retention=0.59 / 0.60 if passed else 0.50 / 0.60, min_retention=0.97, passed=passed,
                       parent_perplexity=5.0, child_perplexity=5.2, kl_to_parent=0.1, tokens=4096,
                       simulated=SIMULATED)
-    return {RESULT_ANNOTATION.format(stage=r.stage): r.message() for r in (compress, quantize, gate)}
+    speed = SpeedResult(gpu="simulated", context=1, max_num_seqs=1, new_tokens=1, rounds=0,
+                        skipped="not measured: a simulated pool (kwok ended the speed Job's pod; no GPU or engine ran)",
+                        simulated=SIMULATED)
+    return {RESULT_ANNOTATION.format(stage=r.stage): r.message() for r in (compress, quantize, gate, speed)}

@@ -346,6 +346,12 @@ class DeploymentSpec(ApiModel):
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool (at least 1).")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})
+    measure_speedup: bool = Field(
+        default=True,
+        description="Once a generation serves, measure the child's tokens/s over the parent's through the first "
+                    "pool's engine (vLLM pools): a Job on one of its nodes runs Triton with both, same engine "
+                    "arguments, interleaved, for a few minutes on the pool's GPUs; the figures go to "
+                    "status.servedSpeedup.")
     drain_seconds: int = Field(
         default=600, ge=10, le=86400,
         description="How long a replica being removed (scale-down, rollout) may finish the requests it holds: it "
@@ -539,6 +545,32 @@ class BuildStatus(StatusModel):
     recipe: str | None = Field(default=None, description="The quantization recipe the build produced (bf16 "
                                "without quantization); pools are sized with it.")
     weight_bytes: int | None = Field(default=None, ge=0, description="Bytes of the quantized weights.")
+    predicted_speedup: float | None = Field(default=None, ge=0, description="The child's decode speed-up over "
+                                            "the parent that the compression predicted.")
+
+
+class SpeedRatioStatus(StatusModel):
+    """The child's served tokens/s over the parent's at one concurrency."""
+
+    concurrency: int = Field(ge=1)
+    ratio: float = Field(ge=0, description="The median over rounds.")
+    per_round: list[float] = Field(default_factory=list)
+    contended: bool = Field(default=False, description="A row behind it was measured while other processes used "
+                                                       "the node's CPU (the figure is less trustworthy).")
+
+
+class ServedSpeedup(StatusModel):
+    """The Puzzle child's tokens/s over its parent's through the serving engine (measured by the speed Job: both
+    BF16 in one Triton + vLLM with the same engine arguments, interleaved), beside the decoder's prediction."""
+
+    generation: int = Field(ge=1, description="The generation measured.")
+    pool: str = Field(description="The pool whose nodes, GPUs and engine it was measured on.")
+    state: Literal["Running", "Measured", "NotMeasured", "Failed"]
+    job_name: str | None = None
+    predicted: float | None = Field(default=None, ge=0, description="The compression's predicted decode "
+                                                                    "speed-up (the Puzzle cost model).")
+    ratios: list[SpeedRatioStatus] = Field(default_factory=list)
+    message: str | None = Field(default=None, description="What was measured where, or why not.")
 
 
 class Endpoint(StatusModel):
@@ -570,6 +602,7 @@ class CompressedModelStatus(StatusModel):
     build: BuildStatus | None = None
     serving_generation: int | None = Field(default=None, ge=0,
                                            description="The generation whose revisions the Services send traffic to.")
+    served_speedup: ServedSpeedup | None = None
 
 
 # Derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters that start with a

@@ -239,7 +239,8 @@ def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
     arch = architecture_from_config(config, f"the compress Job's child config of {p.name}")
     if len(arch.blocks) > MAX_BLOCKS:
         raise ValueError(f"the child has {len(arch.blocks)} blocks, more than {MAX_BLOCKS}")
-    p.status.build = p.build.model_copy(update={"child_config": result.config})
+    p.status.build = p.build.model_copy(update={"child_config": result.config,
+                                                "predicted_speedup": round(result.predicted_speedup, 4)})
     if plan.quantize is None:
         p.status.build = p.build.model_copy(update={"recipe": "bf16"})
     measured = "not measured" if result.measured_speedup is None else f"measured {result.measured_speedup:.3f}x"

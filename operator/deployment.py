@@ -169,6 +169,23 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
     }
 
 
+def speed_sidecar(image: str, repository: str, gpus: int) -> dict[str, Any]:
+    """Triton on the parent and child packaged side by side, beside `tailor speed` in the speed Job's pod (which
+    mounts the artifacts claim as the volume `artifacts`): the pool's image, `gpus` GPUs, loopback clients only."""
+    return {
+        "name": "triton", "image": image, "command": ["tritonserver"],
+        "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items())],
+        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)},
+                      "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
+        "volumeMounts": [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
+                           "timeoutSeconds": PROBE_TIMEOUT_S},
+        "securityContext": RESTRICTED,
+    }
+
+
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
               package: str, generation: int, image: str, engine_config: dict[str, Any] | None = None,
               service_account: str = SERVING_SERVICE_ACCOUNT, frontend_image: str | None = None

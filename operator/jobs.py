@@ -19,7 +19,14 @@ from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
 from tailor.operator import names
-from tailor.operator.deployment import GPU_TAINT_TOLERATION, POD_SECURITY, RESTRICTED, owner_reference, scaled
+from tailor.operator.deployment import (
+    GPU_TAINT_TOLERATION,
+    POD_SECURITY,
+    PORTS,
+    RESTRICTED,
+    owner_reference,
+    scaled,
+)
 from tailor.operator.pools import GPU_RESOURCE
 
 RENDEZVOUS_PORT = 29500
@@ -48,7 +55,8 @@ def stage_args(stage: Stage, reader: bool = False) -> list[str]:
     plan = ["--plan", f"{PLAN_MOUNT}/{PLAN_FILE}"]
     if reader:
         return ["result", *plan, "--stage", stage, "--result-file", RESULT_FILE]
-    return [stage, *plan, *([] if stage == "package" else ["--result-file", RESULT_FILE])]
+    ports = [f"--{name}-port={PORTS[name]}" for name in ("http", "grpc")] if stage == "speed" else []
+    return [stage, *plan, *ports, *([] if stage == "package" else ["--result-file", RESULT_FILE])]
 
 
 def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
@@ -68,11 +76,12 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings, gpu_product: str | None,
               claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
               claims: dict[str, str] | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
-              reader: bool = False) -> list[dict[str, Any]]:
+              reader: bool = False, sidecar: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
     generation `generation`; `claims` are mounted read-only, by mount path (a pvc:// source's at /source, the
     data's at /data). `gpu_product` None runs on any node. A `reader` Job hands back the stage's result from the
-    claim (`tailor result`)."""
+    claim (`tailor result`). A `sidecar` (the speed Job's Triton) runs beside the stage as a native sidecar, in
+    the pod's process namespace, and is stopped when the stage ends."""
     name = names.job_name(model["metadata"]["name"], generation, stage, pool)
     if reader:
         name = names.reader_name(name)
@@ -112,6 +121,9 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         }],
         "volumes": volumes,
     }
+    if sidecar is not None:
+        pod_spec["initContainers"] = [{**sidecar, "restartPolicy": "Always"}]
+        pod_spec["shareProcessNamespace"] = True
     if gpu_product is not None:
         pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product}
     pod: dict[str, Any] = {"metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},

@@ -48,6 +48,9 @@ def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:
     if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
         return True  # a package Job's result is the repository on the claim
     name = job["metadata"]["name"]
+    speed = status.get("servedSpeedup") or {}
+    if speed.get("jobName") == name and speed.get("state") != "Running":
+        return True
     return any(name in (s.get("jobName"), f"{s.get('jobName')}-r") and s.get("state") in ("Succeeded", "Failed")
                for s in status.get("stages") or [])
 

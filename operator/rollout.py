@@ -17,7 +17,7 @@ from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_
 from tailor.compressor.memory import RECIPES, KvDtype
 from tailor.compressor.results import unpack_config
 from tailor.compressor.serving.engines import Engine, engine_args, served_checkpoint
-from tailor.operator import names
+from tailor.operator import names, speedup
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
 from tailor.operator.decision import Decision, Pass, Patch, Refused
@@ -156,7 +156,9 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
         if (waiting := claim_ready(p, spec)) is not None:
             progress.message = waiting
             return False
-        pool_plan = plan.model_copy(update={"pool": sized.serving(p.generation, deployment.context_length)})
+        serving = sized.serving(p.generation, deployment.context_length)
+        measure = sized.name == speedup.measured_pool(spec) and sized.engine is Engine.VLLM
+        pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
         start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
                                                                                         sized.name),
                   sized.gpu_product, pool=sized.name)
@@ -222,4 +224,5 @@ def deploy(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> Decision:
                 f"{sum(1 for s in pools if not s.skipped)} pool(s)" + (f"; skipped {skipped}" if skipped else ""))
     p.condition(READY, True, Reason.SERVING, f"{p.status.ready_replicas} ready replica(s)")
     p.status.conditions = without(p.status.conditions, FAILED)
+    speedup.advance(p, spec, plan)
     return p.outcome("Ready")

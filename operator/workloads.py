@@ -16,6 +16,8 @@ from tailor.operator.observe import job_finished
 from tailor.operator.resolve import mounted_claims
 from tailor.operator.settings import ALLOWED_LABEL
 
+SPEED_DEADLINE_S = 2 * 3600  # loading both models and measuring them; a speed Job never holds GPUs longer
+
 
 def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
     """Make sure the artifacts claim is there to write to (creating Tailor's own); None when it is, else
@@ -75,14 +77,17 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
               config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False,
-              memory: str | None = None) -> None:
+              memory: str | None = None, sidecar: dict[str, Any] | None = None) -> None:
     """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs); `memory`
-    overrides the pod's memory request."""
+    overrides the pod's memory request; a `sidecar` runs beside it (the speed Job's Triton, which holds its
+    GPUs)."""
     jobs = spec.jobs
-    gpus = 0 if stage == "package" or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
+    gpus = 0 if stage in ("package", "speed") or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
     settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
                            gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
-                           backoff_limit=jobs.backoff_limit, active_deadline_seconds=jobs.active_deadline_seconds,
+                           backoff_limit=0 if stage == "speed" else jobs.backoff_limit,
+                           active_deadline_seconds=min(jobs.active_deadline_seconds, SPEED_DEADLINE_S)
+                           if stage == "speed" else jobs.active_deadline_seconds,
                            memory=memory)
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
@@ -92,7 +97,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
     for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
                               jobs.pod_annotations, mounted_claims(spec, stage in BUILD_STAGES and not reader), pool,
-                              env, reader):
+                              env, reader, sidecar):
         p.create(manifest)
     name = names.job_name(p.name, generation, stage, pool)
     p.event("JobCreated", f"created Job {names.reader_name(name)}: tailor result --stage {stage}" if reader

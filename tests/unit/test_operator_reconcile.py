@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.results import GateResult, QuantizeResult, pack_config
+from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
@@ -111,7 +111,8 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     h100, a100 = status.pools
     assert (h100.concurrency_per_gpu, h100.gpus_per_replica, h100.replicas, h100.revision) == (8, 1, 4, "g1")
     assert a100.skipped is not None and "no FP8 math" in a100.skipped
-    assert kube.names("Job") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100", "m-g1-quantize"]
+    assert kube.names("Job") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100", "m-g1-quantize",
+                                 "m-g1-speed-h100"]
     package = plan_of(kube, "m-g1-package-h100")  # the pool's sizing travels in its plan: nothing re-derived
     assert package.pool is not None and package.pool.sizing.concurrency_per_replica == 8
     assert package.pool.gpu_profile == "H100-80GB" and package.pool.max_batch_size == 8
@@ -144,6 +145,87 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     compressed = next(c for c in status.conditions if c.type == "Compressed")
     assert compressed.reason == "Simulated" and "kwok ended the pod" in compressed.message
     assert sum(reason == "SimulatedResult" for _, reason, _ in kube.events) == 3
+
+
+def speed_result(**fields: Any) -> str:
+    return SpeedResult(**{"gpu": "H100-80GB", "context": 1_000_000, "max_num_seqs": 16, "new_tokens": 64, "rounds": 2,
+                          **fields}).message()
+
+
+def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: FakeKube) -> None:
+    """Once serving, the first pool's speed Job: NVIDIA's Triton image on the parent and child packaged side by
+    side (a native sidecar holding the pool's GPUs), `tailor speed` beside it in the same process namespace; the
+    rollout is Ready without waiting for it."""
+    kube.apply(manifest())
+    ready = drive(kube, "Ready")
+    assert ready.status.served_speedup is not None
+    assert (ready.status.served_speedup.state, ready.status.served_speedup.job_name) == ("Running", "m-g1-speed-h100")
+    assert ready.status.served_speedup.predicted == 2.0  # the compression's prediction, beside the measurement
+    plan = plan_of(kube, "m-g1-package-h100")  # the Job reads the pool's plan, which asked for the pair
+    assert plan.pool is not None and plan.pool.measure_speedup
+    job = kube.obj("Job", "m-g1-speed-h100")
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] <= 2 * 3600
+    assert pod["shareProcessNamespace"] and pod["nodeSelector"] == H100
+    [triton], [speed] = pod["initContainers"], pod["containers"]
+    assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", TRITON_VLLM_IMAGE,
+                                                                            ["tritonserver"])
+    assert "--model-repository=/models/m-uid-1/g1/speed-h100/repository" in triton["args"]
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert {"name": "artifacts", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in triton["env"]
+    assert speed["command"] == ["tailor", "speed", "--plan", "/plan/plan.yaml", "--http-port=8000",
+                                "--grpc-port=8001", "--result-file", "/dev/termination-log"]
+    assert "nvidia.com/gpu" not in speed["resources"]["requests"]
+    # kwok ended the pod with the devcluster's "not measured" result: said so, and still Ready
+    controllers(kube)
+    after = step(kube)
+    assert after.phase == "Ready" and after.status.served_speedup is not None
+    assert after.status.served_speedup.state == "NotMeasured"
+    assert "simulated pool" in (after.status.served_speedup.message or "")
+    assert "SpeedupNotMeasured" in [e.reason for e in after.events]
+
+
+def test_a_measured_speedup_goes_into_the_status_and_a_failed_one_says_why(kube: FakeKube) -> None:
+    results = {**published_results(), RESULT_ANNOTATION.format(stage="speed"): speed_result(ratios=[
+        {"concurrency": 1, "ratio": 1.81, "per_round": [1.8, 1.82], "contended": False},
+        {"concurrency": 16, "ratio": 1.9, "per_round": [1.9, 1.9], "contended": True}])}
+    kube.apply(manifest(results=results))
+    drive(kube, "Ready")
+    controllers(kube)
+    served = step(kube).status.served_speedup
+    assert served is not None and served.state == "Measured" and served.generation == 1 and served.pool == "h100"
+    assert [(r.concurrency, r.ratio, r.per_round, r.contended) for r in served.ratios] == [
+        (1, 1.81, [1.8, 1.82], False), (16, 1.9, [1.9, 1.9], True)]
+    assert "1.81x at concurrency 1" in (served.message or "") and "predicted 2.00x" in (served.message or "")
+    assert step(kube).status.served_speedup == served  # recorded once: the finished Job is not read again
+
+    failing = FakeKube()
+    failing.apply(manifest())
+    drive(failing, "Ready")
+    failing.finish_job("m-g1-speed-h100", "engine core died loading parent", failed="BackoffLimitExceeded")
+    failed = step(failing)
+    assert failed.phase == "Ready" and failed.status.served_speedup is not None
+    assert failed.status.served_speedup.state == "Failed"
+    assert "engine core died loading parent" in (failed.status.served_speedup.message or "")
+
+
+def test_a_speedup_result_that_is_simulated_or_malformed_shows_no_figure(kube: FakeKube) -> None:
+    simulated = speed_result(ratios=[{"concurrency": 1, "ratio": 9.0, "per_round": [9.0], "contended": False}],
+                             simulated="canned")
+    kube.apply(manifest(results={**published_results(), RESULT_ANNOTATION.format(stage="speed"): simulated}))
+    drive(kube, "Ready")
+    controllers(kube)
+    served = step(kube).status.served_speedup
+    assert served is not None and served.state == "Failed" and served.ratios == []
+
+
+def test_without_measure_speedup_no_speed_job_runs(kube: FakeKube) -> None:
+    kube.apply(manifest(measureSpeedup=False))
+    ready = drive(kube, "Ready")
+    run(kube, 2)
+    assert ready.status.served_speedup is None and "m-g1-speed-h100" not in kube.names("Job")
+    assert not plan_of(kube, "m-g1-package-h100").pool.measure_speedup  # type: ignore[union-attr]
 
 
 def test_a_real_result_is_not_marked_simulated(kube: FakeKube) -> None:
@@ -262,7 +344,7 @@ def test_the_text_on_a_claim_is_what_every_build_stage_reads_and_new_text_rebuil
         pod = kube.obj("Job", job)["spec"]["template"]["spec"]
         mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "data"]
         claims = [v["persistentVolumeClaim"] for v in pod["volumes"] if v["name"] == "data"]
-        if "package" in job:  # a package Job reads the child, not the text
+        if "package" in job or "speed" in job:  # these read the child and the parent, not the text
             assert mounts == claims == [], job
         else:
             assert mounts == [{"name": "data", "mountPath": "/data", "readOnly": True}], job
