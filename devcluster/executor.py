@@ -593,10 +593,6 @@ class Executor:
         for token in local.tokens:
             if time.monotonic() > token.renew_at:
                 self._renew(local, token)
-        finished = self._finished(local)
-        if finished and any(c.sidecar and c.exit_code is None for c in local.containers):
-            self._terminate([local], local.grace_s, sidecars=True)  # the pod's work is done: its sidecars stop
-            local.save()
         for container in local.containers:
             if container.exit_code is None and not container.running():
                 container.exit_code, container.finished_at = container.last_exit_code(), _now()
@@ -604,6 +600,11 @@ class Executor:
                 container.readiness.reset()
                 local.save()
                 log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}")
+        finished = self._finished(local)
+        if finished and any(c.sidecar and c.exit_code is None for c in local.containers):
+            self._terminate([local], local.grace_s, sidecars=True)  # the pod's work is done: its sidecars stop
+            local.save()
+        for container in local.containers:
             if container.exit_code is not None and not finished and self._restarts(local, container) and \
                     time.monotonic() - container.exited_monotonic > RESTART_DELAY_S:
                 container.restarts += 1
@@ -647,7 +648,7 @@ class Executor:
     def report(self, local: LocalPod) -> None:
         statuses: dict[bool, list[dict[str, Any]]] = {True: [], False: []}  # by sidecar or not
         phase = "Running"
-        if self._finished(local):
+        if self._finished(local) and all(c.exit_code is not None for c in local.containers):  # sidecars too
             phase = "Succeeded" if all(c.exit_code == 0 for c in local.containers if not c.sidecar) else "Failed"
         for container in local.containers:
             spec = container.spec

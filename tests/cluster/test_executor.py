@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from tailor.devcluster.nodes import EXECUTOR_LABEL, GPU_TAINT
 from conftest import wait_for
 from processes import sleeping
 
+TESTS = Path(__file__).resolve().parents[1]  # tests/processes.py, for a pod's process
 REPORT = ("import json, os; folder = os.environ.get('TAILOR_SERVICE_ACCOUNT_DIR', '')\n"
           "mode = oct(os.stat(f'{folder}/token').st_mode & 0o777) if folder else None\n"
           "open('/dev/termination-log', 'w').write(json.dumps({'env': sorted(os.environ), 'tokenMode': mode}))")
@@ -86,3 +88,37 @@ def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
     cluster.up()
     wait_for("the server pod to run again", lambda: _restarted(core, namespace, "server", 2), 60)
     wait_for("one process of the pod", lambda: len(sleeping(marker)) == 1, 10)  # the shim starts it just after
+
+
+@pytest.mark.timeout(120)
+def test_a_native_sidecar_runs_beside_the_job_container_and_stops_after_it(
+        api: client.ApiClient, devcluster: cluster.Layout, namespace: str) -> None:
+    """The speed Job's shape: a sidecar (an init container with restartPolicy Always) starts first and is
+    restarted if it exits; once the main container has ended the sidecar is stopped and the pod Succeeds with
+    the main container's termination message."""
+    core = client.CoreV1Api(api)
+    wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(
+        namespace, field_selector="metadata.name=default").items)
+    marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+    main = ("import pathlib, time\n"  # waits until it sees the sidecar's process, then leaves its message
+            "from processes import sleeping\n"
+            f"while not sleeping('{marker}'): time.sleep(0.2)\n"
+            "time.sleep(1)\n"
+            "open('/dev/termination-log', 'w').write('measured')\n")
+    pod = _pod("sidecar", ["python", "-c", main], "Never")
+    pod["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH", "value": str(TESTS)}]
+    pod["spec"]["initContainers"] = [{"name": "server", "image": "busybox", "restartPolicy": "Always",
+                                      "command": ["sleep", marker]}]
+    core.create_namespaced_pod(namespace, pod)
+    wait_for("the sidecar pod to succeed", lambda: _status(core, namespace, "sidecar").phase == "Succeeded", 60)
+    status = _status(core, namespace, "sidecar")
+    assert status.container_statuses[0].state.terminated.message == "measured"
+    (sidecar,) = status.init_container_statuses
+    assert sidecar.name == "server" and sidecar.state.terminated is not None
+    wait_for("the sidecar's process to end", lambda: not sleeping(marker), 10)
+
+    one_shot = _pod("one-shot-init", ["sleep", "1"], "Never")  # an init container that runs to completion
+    one_shot["spec"]["initContainers"] = [{"name": "setup", "image": "busybox", "command": ["true"]}]
+    core.create_namespaced_pod(namespace, one_shot)
+    wait_for("the pod to fail to start", lambda: _status(core, namespace, "one-shot-init").phase == "Failed", 30)
+    assert "native sidecars" in _status(core, namespace, "one-shot-init").message

@@ -65,6 +65,8 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     # vLLM here runs no NemotronH Puzzle child: the toy hybrid's is served by the Python fallback engine, and status
     # says so
     assert pool["engine"] == "tailor-python" and "Python fallback engine" in " ".join(pool["notes"])
+    # the served speed-up is measured through vLLM only: no speed Job, and the status says why
+    assert status["servedSpeedup"]["state"] == "NotMeasured" and "tailor-python" in status["servedSpeedup"]["message"]
 
     (pod,) = core.list_namespaced_pod(namespace, label_selector="tailor.dev/pool=local").items
     assert pod.spec.node_name == "local-0"
