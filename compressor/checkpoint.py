@@ -43,15 +43,11 @@ from tailor.compressor.architecture import (
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, ModelSettings
 from tailor.compressor.moe import Routing
+from tailor.compressor.serving.engines import CONFIG_CLASSES
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 LLAMA_TYPES = ("llama", "mistral", "nemotron-nas")
-# model_type of a child -> the config class engines read it through: a file of tailor's copied beside the weights
-# and named in `auto_map` (transformers has neither type). No other code travels with a checkpoint.
-CONFIG_CLASSES = {"nemotron-nas": ("configuration_decilm.py", "configuration_decilm.DeciLMConfig"),
-                  "nemotron_h_puzzle": ("configuration_nemotron_h_puzzle.py",
-                                        "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig")}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 NEMOTRON_H_TYPES = ("nemotron_h", "nemotron_h_puzzle")
 SUPPORTED = ("llama, mistral (dense parents), nemotron-nas (their Puzzle children), nemotron_h (hybrid parents) "

@@ -5,7 +5,8 @@ The pool's engine decides the image: vLLM pools run `deployment.tritonImage` (NV
 vLLM and Triton's Python backend), which runs the backend the package Job put in the model repository (tailor's,
 `model.py`: the code the devcluster's pods run) with the engine arguments beside it (`model.json`: max_num_seqs,
 max_model_len, KV-cache bytes and dtype, tensor parallelism, from the sizing); the Python fallback engine runs
-tailor's runtime image. Triton pods never reach a model hub (`OFFLINE_ENV`): they load only the claim's files.
+tailor's runtime image. Triton pods never reach a model hub (`OFFLINE_ENV`): they load only the claim's files, and
+a NetworkPolicy denies them every egress (`egress_policy`).
 
 Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
 the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
@@ -81,6 +82,7 @@ def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
 
 
 TRITON = {names.APP_NAME: "triton"}
+NO_EGRESS = {f"{names.GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
 
 
 def labels(model: dict[str, Any], pool: str) -> dict[str, str]:
@@ -94,6 +96,18 @@ def revision_labels(model: dict[str, Any], pool: str, generation: int) -> dict[s
 def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "namespace": model["metadata"]["namespace"], "labels": object_labels,
             "ownerReferences": [owner_reference(model)]}
+
+
+def egress_policy(model: dict[str, Any]) -> dict[str, Any]:
+    """No egress at all from the model's serving pods (Triton, its OpenAI API, the speed Job): they load only the
+    claim's files and answer on their own ports, so a checkpoint's code could reach no hub and send nothing out.
+    Ingress (clients, Prometheus) is left alone. Enforced where the network plugin enforces NetworkPolicy (GKE
+    Dataplane V2, the EKS VPC CNI with network policies on, Calico, Cilium); elsewhere HF_HUB_OFFLINE remains."""
+    selector = {**names.model_labels(model), **NO_EGRESS}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(model, names.egress_policy_name(model["metadata"]["name"]),
+                                  names.model_labels(model)),
+            "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"], "egress": []}}
 
 
 def pod_ports(engine: Engine) -> dict[str, int]:
@@ -235,7 +249,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "securityContext": RESTRICTED,
     }
     pod = {
-        "metadata": {"labels": selector, "annotations": {"prometheus.io/scrape": "true",
+        "metadata": {"labels": {**selector, **NO_EGRESS}, "annotations": {"prometheus.io/scrape": "true",
                                                          "prometheus.io/port": str(PORTS["metrics"])}},
         "spec": {
             "serviceAccountName": service_account,

@@ -21,6 +21,7 @@ from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, 
 from tailor.operator import names
 from tailor.operator.deployment import (
     GPU_TAINT_TOLERATION,
+    NO_EGRESS,
     POD_SECURITY,
     PORTS,
     RESTRICTED,
@@ -126,7 +127,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         pod_spec["shareProcessNamespace"] = True
     if gpu_product is not None:
         pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product}
-    pod: dict[str, Any] = {"metadata": {"labels": labels, "annotations": dict(pod_annotations or {})},
+    pod_labels = {**labels, **NO_EGRESS} if stage == "speed" else labels  # it serves: no egress, as Triton's
+    pod: dict[str, Any] = {"metadata": {"labels": pod_labels, "annotations": dict(pod_annotations or {})},
                            "spec": pod_spec}
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}

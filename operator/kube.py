@@ -30,7 +30,7 @@ KINDS = {
     "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"), "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"), "Pod": ("v1", "pods"),
-    "ServiceAccount": ("v1", "serviceaccounts"),
+    "ServiceAccount": ("v1", "serviceaccounts"), "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "CompressedModel": (f"{GROUP}/{VERSION}", PLURAL),
 }
 

@@ -64,6 +64,11 @@ def revision_name(name: str, pool: str, generation: int) -> str:
     return f"{service_name(name, pool)}-g{generation}"
 
 
+def egress_policy_name(name: str) -> str:
+    """The NetworkPolicy that cuts the model's serving pods off from everything outside them."""
+    return f"{name}-no-egress"
+
+
 def revision_of(generation: int) -> str:
     return f"g{generation}"
 

@@ -16,12 +16,12 @@ from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_pod
 from tailor.compressor.memory import RECIPES, KvDtype
 from tailor.compressor.results import unpack_config
-from tailor.compressor.serving.engines import Engine, engine_args, served_checkpoint
+from tailor.compressor.serving.engines import Engine, engine_args, reads_own_config_class, served_checkpoint
 from tailor.operator import names, speedup
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
 from tailor.operator.decision import Decision, Pass, Patch, Refused
-from tailor.operator.deployment import ENGINE_ANNOTATION, TRITON, manifests, pod_ports, service
+from tailor.operator.deployment import ENGINE_ANNOTATION, TRITON, egress_policy, manifests, pod_ports, service
 from tailor.operator.pools import Built, PoolPlan, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
@@ -102,6 +102,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
         if sized.engine is Engine.VLLM:
             image = deployment.triton_image
             engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
+        p.create(egress_policy(p.model))  # with each revision: one that is there already is left as it is
         for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
                                   image, engine_config, p.settings.serving_service_account, p.settings.job_image):
             p.create(manifest)
@@ -142,7 +143,7 @@ def vllm_config(p: Pass, sized: PoolPlan, package_folder: str, context: int) -> 
     serving = sized.serving(p.generation, context)
     return engine_args(served_checkpoint(repository_in_pod(package_folder), p.name),
                        p.settings.catalog.get(serving.gpu_profile), serving.sizing, serving.max_batch_size,
-                       PACKAGE_DTYPE)
+                       PACKAGE_DTYPE, reads_own_config_class(unpack_config(p.build.child_config or "")))
 
 
 def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:
@@ -177,6 +178,8 @@ def remove_serving(p: Pass, keep: set[str]) -> None:
         if pool is not None and pool not in keep:
             p.delete("Service", svc["metadata"]["name"])
     if not keep:
+        if p.status.pools or p.status.serving_generation is not None:  # it was deploying or serving
+            p.delete("NetworkPolicy", names.egress_policy_name(p.name))
         p.status.pools, p.status.endpoints, p.status.ready_replicas = [], [], None
         p.status.serving_generation = None
         p.status.conditions = without(p.status.conditions, DEPLOYED)

@@ -29,6 +29,11 @@ from tailor.compressor.memory import KvDtype
 from tailor.compressor.sizing import Sizing
 
 ENGINE_ARGS_FILE = "model.json"  # a vLLM model's engine arguments, in its version folder beside model.py
+# model_type of a child -> the config class engines read it through: a file of tailor's copied beside the weights
+# and named in `auto_map` (transformers has neither type). No other code travels with a checkpoint.
+CONFIG_CLASSES = {"nemotron-nas": ("configuration_decilm.py", "configuration_decilm.DeciLMConfig"),
+                  "nemotron_h_puzzle": ("configuration_nemotron_h_puzzle.py",
+                                        "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig")}
 
 
 class Engine(StrEnum):
@@ -122,15 +127,24 @@ def cache_layout(gpu: GpuProfile, sizing: Sizing) -> CacheLayout:
                        + footprint.mamba_layers)
 
 
-def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int, dtype: str) -> dict[str, Any]:
+def reads_own_config_class(config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's config is read through tailor's config class (a Puzzle child's type, with tailor's
+    `auto_map` or none yet, as in a compress result): the one case an engine runs code a checkpoint carries
+    (`trust_remote_code`). Any other `auto_map` (a parent's, pointing at a hub) is not followed: the engine reads
+    the config with the classes it ships."""
+    own = CONFIG_CLASSES.get(str(config.get("model_type", "")))
+    return own is not None and config.get("auto_map", {"AutoConfig": own[1]}) == {"AutoConfig": own[1]}
+
+
+def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int, dtype: str,
+                trust_remote_code: bool) -> dict[str, Any]:
     """vLLM's engine arguments for a replica sized by `sizing`: `max_num_seqs` requests of `sizing.context`
     tokens and the cache they need (`kv_cache_memory_bytes`, per GPU: the pages of each request as vLLM lays them
     out, `cache_layout`, and the one page it keeps back), so that the engine's own count of the requests it holds
     is the sizing's; the share of device memory the runtime reserve leaves, the tensor-parallel group and the
     KV-cache dtype. Hybrids run without prefix caching (with it, vLLM keeps three pages of every Mamba layer per
     request). The CPU build runs eagerly (a compiled start takes minutes on two cores); GPUs capture CUDA graphs.
-    `trust_remote_code` reads a Puzzle child's config class, the only code a checkpoint carries
-    (`checkpoint.write_metadata`)."""
+    `trust_remote_code` only where the config is read through tailor's own class (`reads_own_config_class`)."""
     layout = cache_layout(gpu, sizing)
     args: dict[str, Any] = {
         "model": checkpoint, "tokenizer": checkpoint, "dtype": dtype, "max_model_len": sizing.context,
@@ -139,7 +153,7 @@ def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: 
         "gpu_memory_utilization": round(sizing.footprint.usable / gpu.memory_bytes, 4),
         "tensor_parallel_size": sizing.tensor_parallel,
         "kv_cache_dtype": "fp8" if sizing.kv_dtype is KvDtype.FP8 else "auto",
-        "enforce_eager": gpu.family == "cpu", "trust_remote_code": True}
+        "enforce_eager": gpu.family == "cpu", "trust_remote_code": trust_remote_code}
     if sizing.footprint.mamba_layers:
         args["enable_prefix_caching"] = False
     return args

@@ -36,7 +36,13 @@ from tailor.compressor.checkpoint import read_config, read_quant_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile, Precision
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
-from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, Engine, engine_args, served_checkpoint
+from tailor.compressor.serving.engines import (
+    ENGINE_ARGS_FILE,
+    Engine,
+    engine_args,
+    reads_own_config_class,
+    served_checkpoint,
+)
 from tailor.compressor.sizing import Sizing, size
 
 TEMPLATE_INPUTS = (
@@ -161,7 +167,8 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
                          f"{context} tokens that fit one {gpu.name}")
     kind = "KIND_CPU" if gpu.family == "cpu" else "KIND_GPU"
     checkpoint = served_checkpoint(mount or str((out / REPOSITORY).resolve()), name)
-    args = engine_args(checkpoint, gpu, sizing, batch, dtype) if engine is Engine.VLLM else None
+    args = engine_args(checkpoint, gpu, sizing, batch, dtype, reads_own_config_class(config)) \
+        if engine is Engine.VLLM else None
     settings = PackageSettings(name=name, engine=engine, gpu=gpu.name, context=context, recipe=recipe.name,
                                max_batch_size=batch, instances=instances, kind=kind,
                                decoupled=decoupled or engine is Engine.VLLM, max_queue_delay_us=max_queue_delay_us,

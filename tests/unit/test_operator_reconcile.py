@@ -561,7 +561,29 @@ def test_removing_the_deployment_removes_the_triton_objects(kube: FakeKube) -> N
     assert ready.phase == "Ready" and kube.condition("m", "Ready")["reason"] == "Built"
     assert not kube.names("Deployment") and not kube.names("Service")
     assert not kube.names("HorizontalPodAutoscaler") and not kube.names("PodDisruptionBudget")
+    assert not kube.names("NetworkPolicy")
     assert ready.status.pools == [] and ready.status.endpoints == []
+    writes = len(kube.writes)
+    assert step(kube).phase == "Ready" and kube.writes[writes:] == []  # nothing deleted again
+
+
+def test_serving_pods_get_no_egress_and_other_pods_keep_theirs(kube: FakeKube) -> None:
+    """One NetworkPolicy per model denies every egress (DNS too) to the pods that load a checkpoint and serve it:
+    the Triton revisions and the speed Job; the build Jobs, which download parents and text, are not selected."""
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    assert kube.names("NetworkPolicy") == ["m-no-egress"]
+    policy = kube.obj("NetworkPolicy", "m-no-egress")
+    assert policy["spec"]["policyTypes"] == ["Egress"] and policy["spec"]["egress"] == []
+    assert policy["metadata"]["ownerReferences"][0]["kind"] == "CompressedModel"
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+
+    def selected(labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    pods = {name: kube.obj("Job", name)["spec"]["template"]["metadata"]["labels"] for name in kube.names("Job")}
+    pods["m-h100-g1"] = kube.obj("Deployment", "m-h100-g1")["spec"]["template"]["metadata"]["labels"]
+    assert {name for name, labels in pods.items() if selected(labels)} == {"m-h100-g1", "m-g1-speed-h100"}
 
 
 def test_a_renamed_pool_serves_before_the_old_one_goes(kube: FakeKube) -> None:

@@ -17,7 +17,7 @@ from tailor.compressor.architecture import (
 from tailor.compressor.hardware import GpuCatalog, Precision
 from tailor.compressor.puzzle.options import part_options
 from tailor.compressor.puzzle.plan import Library
-from tailor.compressor.serving.engines import Engine, choose, vllm_cannot_load
+from tailor.compressor.serving.engines import Engine, choose, reads_own_config_class, vllm_cannot_load
 from tailor.compressor.tiny_hybrid import DENSE_PATTERN, PATTERN, config
 
 CATALOG = GpuCatalog.load()
@@ -121,3 +121,20 @@ def test_hybrid_blocks_vllm_cannot_load_keep_a_child_off_vllm() -> None:
     assert "one Mamba shape" in vllm_cannot_load(mixed)[0]
     for arch in (removed, mixed):
         assert choose(CATALOG.get("B200"), arch, Precision.NVFP4).engine is None
+
+
+def test_only_tailors_own_config_classes_are_trusted() -> None:
+    """`trust_remote_code` is on only for a Puzzle child read through tailor's config class; a parent's auto_map
+    (a hub repository's code) or a foreign class under a child's type is never followed."""
+    decilm = {"AutoConfig": "configuration_decilm.DeciLMConfig"}
+    assert reads_own_config_class({"model_type": "nemotron-nas", "auto_map": decilm})
+    assert reads_own_config_class({"model_type": "nemotron_h_puzzle", "auto_map": {
+        "AutoConfig": "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig"}})
+    assert reads_own_config_class({"model_type": "nemotron_h_puzzle"})  # a compress result, before its auto_map
+    assert not reads_own_config_class({"model_type": "llama"})
+    assert not reads_own_config_class({"model_type": "nemotron_h", "auto_map": {
+        "AutoConfig": "nvidia/NVIDIA-Nemotron-3--configuration_nemotron_h.NemotronHConfig"}})
+    assert not reads_own_config_class({"model_type": "nemotron-nas", "auto_map": {
+        "AutoConfig": "evil/repo--configuration_decilm.DeciLMConfig"}})
+    assert not reads_own_config_class({"model_type": "nemotron-nas", "auto_map": {
+        **decilm, "AutoModelForCausalLM": "modeling_decilm.DeciLMForCausalLM"}})

@@ -14,6 +14,7 @@ from tailor.compressor.quantize.recipes import QuantFormat
 from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, Engine
 from tailor.compressor.serving.repository import MAX_BATCH_CAP, VLLM_BACKEND, package
 from tailor.compressor.serving.server import backend_folder
+from tailor.compressor.serving.speedup import package_pair, skipped
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +48,25 @@ def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_wit
     with pytest.raises(ValueError, match=r"--max-batch-size 1000 is above the \d+ requests of 1000000 tokens"):
         package(fp8_with_fp8_kv, tmp_path / "too-many", "tiny", h100, 1_000_000, max_batch_size=1000)
     assert not (tmp_path / "too-many").exists()
+
+
+def test_the_speed_pair_is_two_models_with_the_same_engine_arguments(tiny_parent: Path, tmp_path: Path) -> None:
+    """`tailor package --plan` for the measured pool: the child and the parent in one repository, each at
+    max_num_seqs 16 and the pool's context; a Llama checkpoint is read without trust_remote_code. A pair that
+    does not fit leaves an empty repository and says why, so the Triton beside `tailor speed` still starts."""
+    h100 = GpuCatalog.load().get("H100")
+    mount = "/models/m/g1/speed-h100/repository"
+    assert package_pair(tiny_parent, tiny_parent, tmp_path / "pair", h100, 2048, 1, mount) is None
+    repository = tmp_path / "pair" / "repository"
+    assert sorted(p.name for p in repository.iterdir()) == ["child", "parent"] and skipped(tmp_path / "pair") is None
+    args = {name: json.loads((repository / name / "1" / "model.json").read_text()) for name in ("child", "parent")}
+    assert args["parent"]["model"] == f"{mount}/parent/1/checkpoint"
+    for name, engine in args.items():
+        assert (engine["max_num_seqs"], engine["max_model_len"], engine["trust_remote_code"]) == (16, 2048, False)
+        assert (repository / name / "1" / "model.py").read_bytes() == VLLM_BACKEND.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "pair").iterdir()) == ["repository"]  # nothing half-written beside
+
+    tiny = h100.model_copy(update={"memory_mib": 1})  # less than the weights
+    reason = package_pair(tiny_parent, tiny_parent, tmp_path / "no-fit", tiny, 2048, 1, mount)
+    assert reason is not None and reason.startswith("not measured: ") and "does not fit" in reason
+    assert skipped(tmp_path / "no-fit") == reason and not any((tmp_path / "no-fit" / "repository").iterdir())
