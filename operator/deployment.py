@@ -82,7 +82,7 @@ def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
 
 
 TRITON = {names.APP_NAME: "triton"}
-NO_EGRESS = {f"{names.GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
+NO_EGRESS = {f"{GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
 
 
 def labels(model: dict[str, Any], pool: str) -> dict[str, str]:
