@@ -60,7 +60,25 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     assert hpa.spec.max_replicas == 8
     assert not apps.list_namespaced_deployment(namespace, label_selector="tailor.dev/pool=a100").items
     assert sorted(jobs(api, namespace)) == ["super-g1-compress", "super-g1-evaluate", "super-g1-package-h100",
-                                            "super-g1-quantize"]
+                                            "super-g1-quantize", "super-g1-speed-h100"]
+    # the speed Job (kwok ends it with the devcluster's "not measured" result): the status says so, still Ready
+    speed = client.BatchV1Api(api).read_namespaced_job("super-g1-speed-h100", namespace).spec.template.spec
+    assert speed.init_containers[0].restart_policy == "Always" and speed.share_process_namespace
+
+    def recorded() -> dict[str, Any] | None:
+        found = objects.get_namespaced_custom_object("tailor.dev", "v1alpha1", namespace, "compressedmodels",
+                                                     "super")["status"]
+        return found if (found.get("servedSpeedup") or {}).get("state") not in (None, "Running") else None
+
+    measured = wait_for("the served speed-up to be recorded", recorded, timeout_s=60)
+    assert measured["servedSpeedup"]["state"] == "NotMeasured" and measured["phase"] == "Ready"
+    assert "simulated pool" in measured["servedSpeedup"]["message"]
+    # the pods that load the checkpoint get no egress: the API server took the operator's NetworkPolicy
+    policy = client.NetworkingV1Api(api).read_namespaced_network_policy("super-no-egress", namespace)
+    assert policy.spec.policy_types == ["Egress"] and not policy.spec.egress
+    selector = policy.spec.pod_selector.match_labels
+    assert (selector["tailor.dev/model"], selector["tailor.dev/egress"]) == ("super", "none")
+    assert deployment.spec.template.metadata.labels["tailor.dev/egress"] == "none"
     compress = client.BatchV1Api(api).read_namespaced_job("super-g1-compress", namespace).spec.template.spec
     assert compress.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert compress.containers[0].command[:3] == ["tailor", "compress", "--plan"]
