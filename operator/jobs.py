@@ -123,7 +123,13 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         "volumes": volumes,
     }
     if sidecar is not None:
-        pod_spec["initContainers"] = [{**sidecar, "restartPolicy": "Always"}]
+        sidecar = {**sidecar, "restartPolicy": "Always"}
+        served_gpus = int(sidecar["resources"]["limits"].get(GPU_RESOURCE, "0"))
+        if served_gpus > 1:  # its tensor-parallel workers exchange through shared memory
+            sidecar["volumeMounts"] = [*sidecar["volumeMounts"], {"name": "shm", "mountPath": "/dev/shm"}]
+            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory",
+                                                        "sizeLimit": f"{SHM_PER_GPU_GIB * served_gpus}Gi"}})
+        pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
     if gpu_product is not None:
         pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product}

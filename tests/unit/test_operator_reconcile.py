@@ -20,7 +20,9 @@ from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
 from tailor.operator.api import TRITON_VLLM_IMAGE
 from tailor.operator.decision import Decision
+from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import reconcile
+from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.observe import job_finished
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
 
@@ -177,6 +179,8 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     assert speed["command"] == ["tailor", "speed", "--plan", "/plan/plan.yaml", "--http-port=8000",
                                 "--grpc-port=8001", "--result-file", "/dev/termination-log"]
     assert "nvidia.com/gpu" not in speed["resources"]["requests"]
+    assert not any(v["name"] == "shm" for v in pod["volumes"])  # one GPU: no tensor-parallel workers
+
     # kwok ended the pod with the devcluster's "not measured" result: said so, and still Ready
     controllers(kube)
     after = step(kube)
@@ -184,6 +188,17 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     assert after.status.served_speedup.state == "NotMeasured"
     assert "simulated pool" in (after.status.served_speedup.message or "")
     assert "SpeedupNotMeasured" in [e.reason for e in after.events]
+
+
+def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
+    model = {"metadata": {"name": "m", "namespace": "ns", "uid": "uid-1"}}
+    job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), "NVIDIA-B200", "claim",
+                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4))
+    pod = job["spec"]["template"]["spec"]
+    (triton,) = pod["initContainers"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in pod["volumes"]
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "4"}
 
 
 def test_a_measured_speedup_goes_into_the_status_and_a_failed_one_says_why(kube: FakeKube) -> None:
