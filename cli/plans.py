@@ -5,6 +5,7 @@ the pod."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,15 @@ def write_results(result: StageResult, result_file: Path | None, plan: BuildPlan
         write_result(result, Path(plan.layout.result(stage)))
     if result_file is not None:
         write_result(result, result_file)
+
+
+def one_process(stage: str) -> None:
+    """Refuse to run a one-process stage as one of several ranks: copies would each do the whole stage on one GPU
+    and write the same folder."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise ValueError(f"tailor {stage} runs as one process, but was started as one of {world} (WORLD_SIZE, "
+                         "torchrun): start it without torchrun")
 
 
 def needs(args: object, *flags: str) -> None:

@@ -23,7 +23,7 @@ by computing from the exported packed weights (`tailor.compressor.quantize.nvfp4
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from tailor.cli.plans import corpus, needs, write_results
+    from tailor.cli.plans import corpus, needs, one_process, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.hardware import GpuCatalog, GpuProfile
     from tailor.compressor.puzzle import peaks
@@ -31,6 +31,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
     from tailor.compressor.quantize.recipes import QuantFormat
 
+    one_process("quantize")
     peaks.map_large_allocations()  # this process streams models and trains nothing
     plan = BuildPlan.load(args.plan) if args.plan else None
     text = corpus(args, plan)
@@ -72,12 +73,13 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from tailor.cli.plans import corpus, needs, write_results
+    from tailor.cli.plans import corpus, needs, one_process, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.evaluation import evaluate
     from tailor.compressor.puzzle import peaks
     from tailor.compressor.puzzle.pipeline import resolve_parent
 
+    one_process("evaluate")
     peaks.map_large_allocations()  # this process streams models and trains nothing
     plan = BuildPlan.load(args.plan) if args.plan else None
     if plan is not None:

@@ -41,6 +41,11 @@ MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs)
 PACKAGE_DTYPE = "bfloat16"  # what the package Jobs serve unquantized weights in
 Stage = Literal["compress", "quantize", "evaluate", "package", "speed"]
 BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
+# The stages whose code splits its work across torchrun's ranks (one per GPU, on any number of nodes); every other
+# stage is one process: quantization and evaluation stream the model a layer at a time on one GPU, packaging and
+# the speed client use none (`tailor.cli.plans.one_process` refuses to run as a rank).
+DISTRIBUTED_STAGES: frozenset[Stage] = frozenset({"compress"})
+ONE_GPU_STAGES: frozenset[Stage] = frozenset({"quantize", "evaluate"})
 
 
 class _Model(BaseModel):

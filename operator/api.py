@@ -413,7 +413,8 @@ class JobsSpec(ApiModel):
     image: str | None = Field(default=None, min_length=1, max_length=512,
                               description="Image with tailor[compressor]; default: the operator's --job-image.")
     gpus_per_node: int = Field(default=1, ge=1, le=16, alias="gpusPerNode",
-                               description="GPUs per node for compression and quantization (torchrun above 1).")
+                               description="GPUs per node for compression (torchrun above 1); quantization and "
+                                           "evaluation run as one process on one GPU.")
     nodes: int = Field(default=1, ge=1, le=64,
                        description="Nodes for compression: above 1, an Indexed Job running torchrun across them.")
     backoff_limit: int = Field(default=2, ge=0, le=100,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailor.compressor.buildplan import BUILD_STAGES, PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan, Stage
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason
@@ -82,9 +82,10 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     overrides the pod's memory request; a `sidecar` runs beside it (the speed Job's Triton, which holds its
     GPUs)."""
     jobs = spec.jobs
-    gpus = 0 if stage in ("package", "speed") or reader else 1 if stage == "evaluate" else jobs.gpus_per_node
+    distributed = stage in DISTRIBUTED_STAGES and not reader
+    gpus = jobs.gpus_per_node if distributed else 1 if stage in ONE_GPU_STAGES and not reader else 0
     settings = JobSettings(image=jobs.image or p.settings.job_image, service_account=p.settings.job_service_account,
-                           gpus_per_node=gpus, nodes=jobs.nodes if stage == "compress" and not reader else 1,
+                           gpus_per_node=gpus, nodes=jobs.nodes if distributed else 1,
                            backoff_limit=0 if stage == "speed" else jobs.backoff_limit,
                            active_deadline_seconds=min(jobs.active_deadline_seconds, SPEED_DEADLINE_S)
                            if stage == "speed" else jobs.active_deadline_seconds,

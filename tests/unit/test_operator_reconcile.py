@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.buildplan import DISTRIBUTED_STAGES, ONE_GPU_STAGES, BuildPlan
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
@@ -815,3 +815,26 @@ def test_a_serving_revision_stays_ready_while_its_hpa_adds_replicas(kube: FakeKu
     assert step(kube).phase == "Ready"
     deployment["status"]["availableReplicas"] = 0  # below the HPA's floor (minReplicas 1): not serving
     assert step(kube).phase == "Deploying"
+
+
+def test_each_stage_job_runs_as_many_processes_as_its_code_handles(kube: FakeKube) -> None:
+    """With 8 GPUs on each of 2 nodes, only compression (whose ranks split its work) runs torchrun across them;
+    quantization and evaluation run one process on one GPU (8 copies would each quantize the whole model on one GPU
+    and write the same folder); packaging and the speed client run one process on no GPU."""
+    body = manifest()
+    body["spec"]["jobs"].update(gpusPerNode=8, nodes=2)
+    kube.apply(body)
+    drive(kube, "Ready")
+    launched = {}
+    for name in kube.names("Job"):
+        job = kube.obj("Job", name)
+        stage = job["metadata"]["labels"]["tailor.dev/stage"]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        launched[stage] = (container["command"][0], job["spec"].get("completions", 1),
+                           container["resources"]["requests"].get("nvidia.com/gpu", "0"))
+    assert set(launched) == {*DISTRIBUTED_STAGES, *ONE_GPU_STAGES, "package", "speed"}
+    for stage, (program, pods, gpus) in launched.items():
+        if stage in DISTRIBUTED_STAGES:
+            assert (program, pods, gpus) == ("sh", 2, "8"), stage  # torchrun on each node, by its completion index
+        else:
+            assert (program, pods, gpus) == ("tailor", 1, "1" if stage in ONE_GPU_STAGES else "0"), stage

@@ -74,3 +74,17 @@ def test_the_gate_evaluates_on_the_stated_held_out_text(tiny_hybrid: Path, tmp_p
     assert main(["evaluate", "--model", str(tiny_hybrid), "--parent", str(tiny_hybrid), "--heldout", str(heldout),
                  "--text-field", "body", "--eval-tokens", "512", "--result-file", str(out)]) == 0
     assert json.loads(out.read_text())["tokens"] == 256  # one window of the gate's 256 tokens
+
+
+@pytest.mark.parametrize("stage", ["quantize", "evaluate"])
+def test_a_one_process_stage_refuses_to_run_as_a_rank(stage: str, tiny_parent: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Started by torchrun as one of 8, quantization or evaluation would run 8 whole copies on one GPU: it refuses
+    before reading anything, naming how it was started."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    args = {"quantize": ["--model", str(tiny_parent), "--out", str(tmp_path / "q")],
+            "evaluate": ["--model", str(tiny_parent), "--parent", str(tiny_parent)]}[stage]
+    assert main([stage, *args]) == 1
+    assert f"tailor {stage} runs as one process, but was started as one of 8" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
