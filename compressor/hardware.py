@@ -27,6 +27,10 @@ class Precision(StrEnum):
     NVFP4 = "nvfp4"
 
 
+PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's (the GPU Operator's): the product name
+MEMORY_LABEL = "nvidia.com/gpu.memory"  # GFD: MiB per GPU as the device reports it
+
+
 class UnknownGpuError(ValueError):
     """A GPU name that no profile has; the message lists the known ones."""
 
@@ -43,6 +47,16 @@ class GpuProfile(BaseModel):
     bandwidth_gbps: float = Field(gt=0, alias="bandwidthGBps", description="Memory bandwidth, GB/s.")
     tflops: dict[Precision, float] = Field(description="Dense tensor-core TFLOPS per natively supported precision.")
     gfd_products: tuple[str, ...] = Field(default=(), description="nvidia.com/gpu.product label values.")
+    node_labels: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="Other node labels, by key, whose values mean this GPU: GKE's "
+        "cloud.google.com/gke-accelerator, a cloud's node.kubernetes.io/instance-type, a platform team's own.")
+
+    def identifying_labels(self) -> dict[str, tuple[str, ...]]:
+        """Every node label (key -> values) that says a node has this GPU."""
+        found = {PRODUCT_LABEL: self.gfd_products} if self.gfd_products else {}
+        for key, values in self.node_labels.items():
+            found[key] = tuple(dict.fromkeys((*found.get(key, ()), *values)))
+        return found
 
     @property
     def memory_bytes(self) -> int:
@@ -113,11 +127,13 @@ class GpuCatalog:
                 return profile
         raise UnknownGpuError(f"unknown GPU {name!r}; known profiles: {', '.join(self.names)}")
 
-    def for_product(self, product: str) -> GpuProfile | None:
-        """The profile for a node's nvidia.com/gpu.product label, if any."""
+    def for_node(self, labels: dict[str, str]) -> tuple[GpuProfile, str] | None:
+        """The profile a node's labels name, and the label that named it (`key=value`), if any: GPU Feature
+        Discovery's product first, then the profiles' other labels."""
         for profile in self.profiles.values():
-            if product in profile.gfd_products:
-                return profile
+            for key, values in profile.identifying_labels().items():
+                if labels.get(key) in values:
+                    return profile, f"{key}={labels[key]}"
         return None
 
 

@@ -18,11 +18,13 @@ MAX_PODS = "110"
 
 
 class Gpu(BaseModel):
-    """The GPUs of every node in a pool, as GPU Feature Discovery labels them."""
+    """The GPUs of every node in a pool, as GPU Feature Discovery labels them (with a `product`), or with no GFD
+    labels at all (no `product`: the node says what it has only through the pool's own `labels`, as GKE's driver
+    installer or EKS's device plugin leave it)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    product: str = Field(description="nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3")
+    product: str | None = Field(None, description="nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3")
     count: int = Field(gt=0, description="GPUs per node")
     memory_mib: int = Field(alias="memoryMiB", gt=0, description="memory of one GPU in MiB")
     family: str = Field(description="nvidia.com/gpu.family, e.g. hopper")
@@ -38,6 +40,7 @@ class NodePool(BaseModel):
     cpu: str
     memory: str
     gpu: Gpu | None = None
+    labels: dict[str, str] = Field(default_factory=dict, description="More node labels, e.g. a cloud's.")
     executor: bool = Field(False, description="Run this pool's pods as local processes (the devcluster executor) "
                                               "instead of simulating them with kwok.")
 
@@ -72,14 +75,16 @@ def node_manifests(pools: NodePools) -> list[dict[str, Any]]:
             labels |= {EXECUTOR_LABEL: "true"} if pool.executor else {"type": "kwok"}
             capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": MAX_PODS}
             taints = []
+            labels |= pool.labels
             if pool.gpu is not None:
-                labels |= {
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": pool.gpu.product,
-                    "nvidia.com/gpu.count": str(pool.gpu.count),
-                    "nvidia.com/gpu.memory": str(pool.gpu.memory_mib),
-                    "nvidia.com/gpu.family": pool.gpu.family,
-                }
+                if pool.gpu.product is not None:  # GPU Feature Discovery's labels
+                    labels |= {
+                        "nvidia.com/gpu.present": "true",
+                        "nvidia.com/gpu.product": pool.gpu.product,
+                        "nvidia.com/gpu.count": str(pool.gpu.count),
+                        "nvidia.com/gpu.memory": str(pool.gpu.memory_mib),
+                        "nvidia.com/gpu.family": pool.gpu.family,
+                    }
                 capacity[GPU_RESOURCE] = str(pool.gpu.count)
                 taints.append(GPU_TAINT)
             nodes.append({

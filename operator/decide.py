@@ -34,6 +34,7 @@ from tailor.operator.conditions import (
     without,
 )
 from tailor.operator.decision import Decision, Pass, Refused, read_status
+from tailor.operator.jobs import gpu_placement
 from tailor.operator.observe import Observed
 from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
@@ -165,7 +166,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 progress.message = waiting
                 return False
             start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
-                      plan.target_product, memory=preflight.memory_request(fits))
+                      gpu_placement(plan.catalog().get(plan.target_gpu)), memory=preflight.memory_request(fits))
             if fits is not None:
                 p.event("FitChecked", preflight.summary(fits))
             progress.job_name, progress.state, progress.message = name, "Running", "Job created"

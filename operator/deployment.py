@@ -254,7 +254,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "spec": {
             "serviceAccountName": service_account,
             "automountServiceAccountToken": False,
-            "nodeSelector": {k: v for k, v in sorted(_pool_selector(plan, deployment).items())},
+            "nodeSelector": pool_selector(deployment, plan.name),
             "tolerations": [GPU_TAINT_TOLERATION],
             "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                 "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
@@ -285,8 +285,9 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
     ]
 
 
-def _pool_selector(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, str]:
-    return next(pool.node_selector for pool in deployment.pools if pool.name == plan.name)
+def pool_selector(deployment: DeploymentSpec, pool: str) -> dict[str, str]:
+    """The spec's nodeSelector of `pool`: where its Triton pods, package Job and speed Job run."""
+    return dict(sorted(next(target.node_selector for target in deployment.pools if target.name == pool).items()))
 
 
 def _quantity(value: float) -> str:

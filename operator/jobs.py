@@ -1,7 +1,7 @@
 """The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress|quantize|evaluate|package --plan`.
 
-A stage runs the same command as on a workstation, on GPU nodes of the target GPU (GPU Feature Discovery
-product label, the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and its
+A stage runs the same command as on a workstation, on GPU nodes of the target GPU (by any label that names it:
+`gpu_placement`; the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and its
 build plan at /plan. A multi-node stage is an Indexed Job whose pods find each other through a headless
 Service and start torchrun with their completion index as node rank. Results come back as the container's
 termination message (`--result-file /dev/termination-log`) and as a file on the claim.
@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
+from tailor.compressor.hardware import GpuProfile
 from tailor.operator import names
 from tailor.operator.deployment import (
     GPU_TAINT_TOLERATION,
@@ -74,15 +75,27 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     return ["tailor", *args]
 
 
-def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings, gpu_product: str | None,
+def gpu_placement(gpu: GpuProfile) -> dict[str, Any]:
+    """The pod spec fields that put a pod on nodes with `gpu`, however the cluster labels them: one node-affinity
+    term per label that names it (GPU Feature Discovery's product, GKE's accelerator, an instance type, a team's
+    own), any of which may match."""
+    terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+             for key, values in gpu.identifying_labels().items()]
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}}
+
+
+def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings,
+              placement: dict[str, Any] | None,
               claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
               claims: dict[str, str] | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
               reader: bool = False, sidecar: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
     generation `generation`; `claims` are mounted read-only, by mount path (a pvc:// source's at /source, the
-    data's at /data). `gpu_product` None runs on any node. A `reader` Job hands back the stage's result from the
-    claim (`tailor result`). A `sidecar` (the speed Job's Triton) runs beside the stage as a native sidecar, in
-    the pod's process namespace, and is stopped when the stage ends."""
+    data's at /data). `placement` (`gpu_placement`, or a pool's nodeSelector) picks the nodes; None: any node.
+    A `reader` Job hands back the stage's result from the claim (`tailor result`). A `sidecar` (the speed Job's
+    Triton) runs beside the stage as a native sidecar, in the pod's process namespace, and is stopped when the
+    stage ends."""
     name = names.job_name(model["metadata"]["name"], generation, stage, pool)
     if reader:
         name = names.reader_name(name)
@@ -131,8 +144,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
                                                         "sizeLimit": f"{SHM_PER_GPU_GIB * served_gpus}Gi"}})
         pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
-    if gpu_product is not None:
-        pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product}
+    pod_spec.update(placement or {})
     pod_labels = {**labels, **NO_EGRESS} if stage == "speed" else labels  # it serves: no egress, as Triton's
     pod: dict[str, Any] = {"metadata": {"labels": pod_labels, "annotations": dict(pod_annotations or {})},
                            "spec": pod_spec}
@@ -141,8 +153,9 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     objects: list[dict[str, Any]] = []
     if settings.nodes > 1:  # one pod per node, all of its GPUs: the ranks find each other by DNS
         pod_spec["subdomain"] = name
-        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}}
+        pod_spec["affinity"] = {**pod_spec.get("affinity", {}), "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}}
         spec.update(completionMode="Indexed", completions=settings.nodes, parallelism=settings.nodes)
         objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta,
                         "spec": {"clusterIP": "None", "selector": labels,

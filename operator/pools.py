@@ -1,5 +1,6 @@
-"""GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from the GPU Feature
-Discovery label, and the cost model's sizing of what the build produced (`Built`: the child's architecture,
+"""GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from their labels (GPU
+Feature Discovery's product, GKE's accelerator, an instance type or a team's own label, as the GPU profiles name
+them; `node_gpu`), and the cost model's sizing of what the build produced (`Built`: the child's architecture,
 the quantize Job's recipe and KV-cache dtype) on that GPU.
 
 Only nodes that are Ready and report allocatable GPUs count: a node that is draining, NotReady or whose device
@@ -24,14 +25,15 @@ from pydantic import BaseModel, ConfigDict
 
 from tailor.compressor.architecture import Architecture
 from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
-from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
+from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator.api import DeploymentSpec, NodePoolTarget
 
-PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"  # GFD: single or mixed where MIG partitions the node's GPUs
+MEMORY_TOLERANCE = 0.05  # a node's reported GPU memory this far from its profile's is another GPU
 
 
 class Built(BaseModel):
@@ -100,8 +102,8 @@ def schedulable(node: dict[str, Any]) -> bool:
 
 
 class PoolNodes(BaseModel):
-    """A pool's Ready, schedulable nodes, their one GPU product, the fewest GPUs any of them has, and its profile;
-    or why the pool is skipped."""
+    """A pool's Ready, schedulable nodes, their one GPU (the label value that named it, and its profile), the
+    fewest GPUs any of them has; or why the pool is skipped."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -110,6 +112,28 @@ class PoolNodes(BaseModel):
     gpus_per_node: int = 0
     gpu: GpuProfile | None = None
     skipped: str | None = None
+
+
+def node_gpu(node: dict[str, Any], catalog: GpuCatalog) -> tuple[GpuProfile | None, str]:
+    """The GPU profile a node's labels name and the label value that named it; or None and why not (MIG slices,
+    no profile knowing its labels, a memory label that contradicts the profile)."""
+    labels, name = node["metadata"].get("labels") or {}, node["metadata"]["name"]
+    product = labels.get(PRODUCT_LABEL, "")
+    if "-MIG-" in product or labels.get(MIG_STRATEGY_LABEL) in ("single", "mixed"):
+        return None, (f"node {name} partitions its GPUs with MIG ({PRODUCT_LABEL}={product or '?'}, "
+                      f"{MIG_STRATEGY_LABEL}={labels.get(MIG_STRATEGY_LABEL, '?')}): Tailor sizes whole GPUs")
+    found = catalog.for_node(labels)
+    if found is None:
+        keys = {key for profile in catalog.profiles.values() for key in profile.identifying_labels()}
+        shown = ", ".join(f"{key}={labels[key]}" for key in sorted(labels) if key in keys) or "none"
+        return None, (f"no GPU profile knows node {name}'s GPU labels ({shown}): add its label to a profile's "
+                      "gfdProducts or nodeLabels (the chart's gpuProfiles)")
+    gpu, label = found
+    reported = labels.get(MEMORY_LABEL, "")
+    if reported.isdigit() and abs(int(reported) - gpu.memory_mib) > MEMORY_TOLERANCE * gpu.memory_mib:
+        return None, (f"node {name} reports {MEMORY_LABEL}={reported} MiB, but {label} names {gpu.name} "
+                      f"({gpu.memory_mib} MiB): a different GPU needs a profile of its own")
+    return gpu, label.split("=", 1)[1]
 
 
 def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> PoolNodes:
@@ -121,14 +145,16 @@ def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCa
     if not members:
         return PoolNodes(skipped=f"none of the {len(matched)} matching node(s) is Ready and schedulable with "
                                  f"allocatable {GPU_RESOURCE}")
-    products = {(n["metadata"].get("labels") or {}).get(PRODUCT_LABEL) for n in members}
-    if len(products) != 1 or None in products:
-        return PoolNodes(members=members, skipped=f"the pool's nodes must share one {PRODUCT_LABEL} label, found "
-                                                  f"{sorted(map(str, products))}")
-    product = str(products.pop())
-    gpu = catalog.for_product(product)
-    return PoolNodes(members=members, product=product, gpus_per_node=min(map(allocatable_gpus, members)), gpu=gpu,
-                     skipped=None if gpu else f"no GPU profile knows {PRODUCT_LABEL}={product}")
+    found = {node["metadata"]["name"]: node_gpu(node, catalog) for node in members}
+    problem = next((why for gpu, why in found.values() if gpu is None), None)
+    if problem is not None:
+        return PoolNodes(members=members, skipped=problem)
+    profiles = {gpu.name for gpu, _ in found.values() if gpu is not None}
+    if len(profiles) != 1:
+        return PoolNodes(members=members, skipped="the pool's nodes must have one GPU, found " + ", ".join(
+            f"{name}: {gpu.name if gpu else '?'}" for name, (gpu, _) in sorted(found.items())))
+    gpu, product = next(iter(found.values()))
+    return PoolNodes(members=members, product=product, gpus_per_node=min(map(allocatable_gpus, members)), gpu=gpu)
 
 
 def no_quantized_math(gpu: GpuProfile, precision: Precision) -> str | None:

@@ -21,7 +21,15 @@ from tailor.operator import names, speedup
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
 from tailor.operator.decision import Decision, Pass, Patch, Refused
-from tailor.operator.deployment import ENGINE_ANNOTATION, TRITON, egress_policy, manifests, pod_ports, service
+from tailor.operator.deployment import (
+    ENGINE_ANNOTATION,
+    TRITON,
+    egress_policy,
+    manifests,
+    pod_ports,
+    pool_selector,
+    service,
+)
 from tailor.operator.pools import Built, PoolPlan, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
@@ -149,7 +157,7 @@ def vllm_config(p: Pass, sized: PoolPlan, package_folder: str, context: int) -> 
 def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:
     """The pool's `tailor package` Job, reading the build plan with the pool's sizing; True once done."""
     deployment = spec.deployment
-    assert deployment is not None and sized.gpu_product is not None
+    assert deployment is not None
     name = names.job_name(p.name, p.generation, "package", sized.name)
     job = p.owned("Job", name)
     progress = p.stage("Deploy")
@@ -162,7 +170,7 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
         pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
         start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
                                                                                         sized.name),
-                  sized.gpu_product, pool=sized.name)
+                  {"nodeSelector": pool_selector(deployment, sized.name)}, pool=sized.name)
         return False
     return job_outcome(p, job) is not None
 

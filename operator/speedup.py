@@ -18,7 +18,7 @@ from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, PoolStatus, ServedSpeedup, SpeedRatioStatus
 from tailor.operator.decision import Pass, Refused
-from tailor.operator.deployment import speed_sidecar
+from tailor.operator.deployment import pool_selector, speed_sidecar
 from tailor.operator.workloads import job_outcome, start_job
 
 
@@ -69,12 +69,13 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> None:
 def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus) -> None:
     """The speed Job on one of the pool's nodes, reading the pool's package plan."""
     deployment = spec.deployment
-    assert deployment is not None and pool.gpu_product is not None
+    assert deployment is not None
     repository = repository_in_pod(plan.layout.speed(p.generation, pool.name))
     config_map = names.package_plan_name(p.name, p.generation, pool.name)
     if p.owned("ConfigMap", config_map) is None:  # the pool's plan, which asked its package Job for the pair
         raise Refused("NoPackagePlan", f"ConfigMap {config_map} (the pool's package plan) is gone")
-    start_job(p, spec, plan, "speed", p.generation, config_map, pool.gpu_product, pool=pool.name,
+    start_job(p, spec, plan, "speed", p.generation, config_map, {"nodeSelector": pool_selector(deployment, pool.name)},
+              pool=pool.name,
               sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1))
 
 

@@ -76,7 +76,7 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
 
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
-              config_map: str, gpu_product: str | None, pool: str | None = None, reader: bool = False,
+              config_map: str, placement: dict[str, Any] | None, pool: str | None = None, reader: bool = False,
               memory: str | None = None, sidecar: dict[str, Any] | None = None) -> None:
     """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs); `memory`
     overrides the pod's memory request; a `sidecar` runs beside it (the speed Job's Triton, which holds its
@@ -96,7 +96,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
-    for manifest in stage_job(p.model, stage, generation, settings, gpu_product, claim_of(p, spec), config_map,
+    for manifest in stage_job(p.model, stage, generation, settings, placement, claim_of(p, spec), config_map,
                               jobs.pod_annotations, mounted_claims(spec, stage in BUILD_STAGES and not reader), pool,
                               env, reader, sidecar):
         p.create(manifest)

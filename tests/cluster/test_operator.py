@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tailor.compressor.hardware import GpuCatalog
 from tailor.devcluster.simulated import published_results
 
 from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase
@@ -80,7 +81,9 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     assert (selector["tailor.dev/model"], selector["tailor.dev/egress"]) == ("super", "none")
     assert deployment.spec.template.metadata.labels["tailor.dev/egress"] == "none"
     compress = client.BatchV1Api(api).read_namespaced_job("super-g1-compress", namespace).spec.template.spec
-    assert compress.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    terms = compress.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert {"NVIDIA-H100-80GB-HBM3", "nvidia-h100-80gb", "p5.48xlarge"} <= {
+        value for term in terms for expression in term.match_expressions for value in expression.values}
     assert compress.containers[0].command[:3] == ["tailor", "compress", "--plan"]
     assert {"JobCreated", "QualityGatePassed", "Ready"} <= set(events(api, namespace, "super"))
     metrics = operator.get(operator.metrics_port, "/metrics")
@@ -223,3 +226,30 @@ def test_recreated_object_waits_for_its_old_claim_to_go(api: client.ApiClient, n
     core.delete_namespaced_pod("reader", namespace, grace_period_seconds=0)
     wait_phase(objects, namespace, "r", "Ready", operator, timeout_s=120)
     assert core.read_namespaced_persistent_volume_claim("r-artifacts", namespace).metadata.uid != old
+
+
+def test_pools_are_found_as_gke_eks_and_gfd_label_their_nodes(api: client.ApiClient, namespace: str,
+                                                              operator: Any) -> None:
+    """Nodes labelled as GKE labels them without the GPU Operator, as EKS does with the device plugin only, and by
+    GFD's other name for an H100: each pool is sized as its GPU and serves; a MIG pool is skipped, saying why; the
+    build's Jobs land on H100 nodes through node affinity, whichever label names the GPU."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    body = h100_example("clouds", published_results())
+    body["spec"]["deployment"]["pools"] = [{"name": pool, "nodeSelector": {"tailor.dev/node-pool": pool},
+                                            "concurrency": {"perNode": 8}}
+                                           for pool in ("gke-h100", "eks-h200", "h100-sxm5", "a100-mig")]
+    OBJECTS.create(objects, namespace, body)
+    ready = wait_phase(objects, namespace, "clouds", "Ready", operator)
+    pools = {p["name"]: p for p in ready["status"]["pools"]}
+    assert (pools["gke-h100"]["gpuProduct"], pools["gke-h100"]["concurrencyPerGpu"]) == ("nvidia-h100-80gb", 8)
+    assert pools["eks-h200"]["gpuProduct"] == "p5e.48xlarge" and pools["eks-h200"]["concurrencyPerGpu"] > 8
+    assert pools["h100-sxm5"]["gpuProduct"] == "NVIDIA-H100-SXM5-80GB"
+    for name in ("gke-h100", "eks-h200", "h100-sxm5"):
+        assert pools[name]["readyReplicas"] == pools[name]["replicas"] == 1 and pools[name]["revision"] == "g1"
+    assert "partitions its GPUs with MIG" in pools["a100-mig"]["skipped"]
+    catalog = GpuCatalog.load()
+    for stage in ("compress", "quantize", "evaluate"):
+        (pod,) = core.list_namespaced_pod(namespace,
+                                          label_selector=f"batch.kubernetes.io/job-name=clouds-g1-{stage}").items
+        found = catalog.for_node(core.read_node(pod.spec.node_name).metadata.labels)
+        assert found is not None and found[0].name == "H100-80GB", (stage, pod.spec.node_name)

@@ -16,7 +16,8 @@ from tailor.devcluster import build, executor, metrics, nodes, pki
 def test_default_pools_match_the_documented_fleet() -> None:
     pools = {pool.name: pool for pool in nodes.load_pools().pools}
     fleet = {name: (pool.count, pool.gpu.count if pool.gpu else 0) for name, pool in pools.items()}
-    assert fleet == {"h100": (2, 8), "b200": (1, 8), "a100": (2, 4), "l40s": (1, 2), "cpu": (2, 0), "local": (1, 2)}
+    assert fleet == {"h100": (2, 8), "b200": (1, 8), "a100": (2, 4), "l40s": (1, 2), "gke-h100": (1, 8),
+                     "eks-h200": (1, 8), "h100-sxm5": (1, 8), "a100-mig": (1, 28), "cpu": (2, 0), "local": (1, 2)}
     assert [name for name, pool in pools.items() if pool.executor] == ["local"]
 
 
@@ -30,6 +31,10 @@ def test_gpu_nodes_carry_capacity_labels_and_taint() -> None:
     assert h100["spec"]["taints"] == [nodes.GPU_TAINT]
     assert "nvidia.com/gpu" not in manifests["cpu-0"]["status"]["capacity"]
     assert manifests["cpu-0"]["spec"]["taints"] == []
+    gke = manifests["gke-h100-0"]  # as GKE labels a node with no GPU Operator: no GFD label at all
+    assert gke["metadata"]["labels"]["cloud.google.com/gke-accelerator"] == "nvidia-h100-80gb"
+    assert not any(key.startswith("nvidia.com/") for key in gke["metadata"]["labels"])
+    assert gke["status"]["allocatable"]["nvidia.com/gpu"] == "8" and gke["spec"]["taints"] == [nodes.GPU_TAINT]
     local = manifests["local-0"]["metadata"]  # run by the executor, not kwok
     assert local["annotations"] == {} and local["labels"][nodes.EXECUTOR_LABEL] == "true"
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import shlex
 
-from tailor.operator.jobs import JobSettings, launcher, stage_args, stage_job
+from tailor.compressor.hardware import GpuCatalog
+from tailor.operator.jobs import JobSettings, gpu_placement, launcher, stage_args, stage_job
 
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 3}}
 ARGS = stage_args("compress")
+B200 = gpu_placement(GpuCatalog.load().get("B200"))
 
 
 def test_the_launcher_is_tailor_or_torchrun_by_gpus_and_nodes() -> None:
@@ -30,23 +32,28 @@ def test_the_multi_node_launcher_quotes_its_arguments() -> None:
 
 def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
     job, service = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2),
-                             "NVIDIA-B200", "claim", "m-g3-plan")
+                             B200, "claim", "m-g3-plan")
     assert job["metadata"]["name"] == "m-g3-compress" and job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"] == "m-g3-compress"
     assert service["spec"]["clusterIP"] == "None"
     anti_affinity = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     spread = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert "nodeAffinity" in job["spec"]["template"]["spec"]["affinity"]  # one pod per node, each on a B200 node
     assert spread[0]["topologyKey"] == "kubernetes.io/hostname"
-    (single,) = stage_job(OWNER, "evaluate", 3, JobSettings(image="i"), "NVIDIA-B200", "claim", "plan")
+    (single,) = stage_job(OWNER, "evaluate", 3, JobSettings(image="i"), B200, "claim", "plan")
     pod = single["spec"]["template"]["spec"]
     assert "completionMode" not in single["spec"] and pod["restartPolicy"] == "Never"
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-B200"}
+    # on B200 nodes however they are labelled (GFD's product, GKE's accelerator, the EC2 instance type)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["key"] for t in terms] == [
+        "nvidia.com/gpu.product", "cloud.google.com/gke-accelerator", "node.kubernetes.io/instance-type"]
+    assert "nodeSelector" not in pod
 
 
 def test_stage_pods_are_not_best_effort_and_multi_gpu_pods_get_shared_memory() -> None:
-    (job, _) = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2), "NVIDIA-B200",
+    (job, _) = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2), B200,
                          "claim", "plan")
     pod = job["spec"]["template"]["spec"]
     requests = pod["containers"][0]["resources"]["requests"]
@@ -54,7 +61,7 @@ def test_stage_pods_are_not_best_effort_and_multi_gpu_pods_get_shared_memory() -
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
-    (package,) = stage_job(OWNER, "package", 3, JobSettings(image="i", gpus_per_node=0), "NVIDIA-B200", "claim",
+    (package,) = stage_job(OWNER, "package", 3, JobSettings(image="i", gpus_per_node=0), B200, "claim",
                            "plan", pool="b200")
     container = package["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}}  # no GPU, still Burstable

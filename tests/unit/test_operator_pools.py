@@ -16,7 +16,8 @@ from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import autoscaler, manifests, service, startup_failure_threshold
-from tailor.operator.pools import Built, PoolPlan
+from tailor.operator.jobs import gpu_placement
+from tailor.operator.pools import Built, PoolPlan, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
 
 from corpus import EXAMPLES
@@ -80,6 +81,53 @@ def test_pools_without_nodes_or_gpus_are_skipped_with_the_reason() -> None:
     missing, cpu = plan_pools(model, NODES)
     assert missing.skipped == "no node matches nodeSelector {'nvidia.com/gpu.product': 'NVIDIA-GB300'}"
     assert cpu.skipped is not None and "allocatable nvidia.com/gpu" in cpu.skipped  # CPU nodes have no GPUs
+
+
+def pool(name: str) -> dict[str, Any]:
+    return {"name": name, "nodeSelector": {"tailor.dev/node-pool": name}, "concurrency": {"perNode": 8}}
+
+
+def test_nodes_are_found_however_the_cluster_labels_their_gpus() -> None:
+    """GKE without the GPU Operator (its accelerator label), EKS with the device plugin only (the instance type)
+    and GFD's other product name for an H100 all size as their GPU; MIG slices are skipped, saying so."""
+    model = spec_with("nemotron-super-b200", [pool("gke-h100"), pool("eks-h200"), pool("h100-sxm5"),
+                                              pool("a100-mig")], contextLength=65536, maxReplicas=16)
+    gke, eks, sxm5, mig = plan_pools(model, NODES)
+    assert (gke.gpu_profile, gke.gpu_product, gke.skipped) == ("H100-80GB", "nvidia-h100-80gb", None)
+    assert (eks.gpu_profile, eks.gpu_product, eks.skipped) == ("H200-141GB", "p5e.48xlarge", None)
+    assert (sxm5.gpu_profile, sxm5.gpu_product) == ("H100-80GB", "NVIDIA-H100-SXM5-80GB")
+    assert gke.concurrency_per_gpu == sxm5.concurrency_per_gpu and eks.concurrency_per_gpu > gke.concurrency_per_gpu
+    assert mig.skipped is not None and "partitions its GPUs with MIG" in mig.skipped
+    assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb" in mig.skipped
+
+
+def test_a_node_no_profile_knows_or_whose_memory_disagrees_is_skipped_naming_the_label() -> None:
+    nodes = copy.deepcopy(NODES)
+    gke = next(n for n in nodes if n["metadata"]["name"] == "gke-h100-0")
+    gke["metadata"]["labels"]["cloud.google.com/gke-accelerator"] = "nvidia-rtx-pro-6000"
+    sxm5 = next(n for n in nodes if n["metadata"]["name"] == "h100-sxm5-0")
+    sxm5["metadata"]["labels"]["nvidia.com/gpu.memory"] = "95830"  # an H100 NVL, not an SXM 80 GB
+    model = spec_with("nemotron-super-b200", [pool("gke-h100"), pool("h100-sxm5")], contextLength=65536)
+    unknown, other = plan_pools(model, nodes)
+    assert unknown.skipped is not None and "cloud.google.com/gke-accelerator=nvidia-rtx-pro-6000" in unknown.skipped
+    assert "gfdProducts or nodeLabels" in unknown.skipped
+    assert other.skipped is not None and "nvidia.com/gpu.memory=95830 MiB" in other.skipped
+
+
+def test_a_platform_teams_own_label_names_a_gpu_through_the_profiles(tmp_path: Any) -> None:
+    override = tmp_path / "gpus.yaml"
+    override.write_text("profiles:\n  - name: H100-80GB\n    nodeLabels: {example.com/accelerator: [h100]}\n")
+    catalog = GpuCatalog.load(override)
+    node = {"metadata": {"name": "n", "labels": {"example.com/accelerator": "h100"}}}
+    assert node_gpu(node, catalog)[0] == catalog.get("H100")
+    assert node_gpu(node, CATALOG) == (None, "no GPU profile knows node n's GPU labels (none): add its label to a "
+                                             "profile's gfdProducts or nodeLabels (the chart's gpuProfiles)")
+    placement = gpu_placement(catalog.get("H100"))["affinity"]["nodeAffinity"]
+    terms = placement["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # stage Jobs for this GPU select any node labelled so (an override's nodeLabels replace the built-in ones)
+    assert {(t["matchExpressions"][0]["key"], tuple(t["matchExpressions"][0]["values"])) for t in terms} == {
+        ("nvidia.com/gpu.product", ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB")),
+        ("example.com/accelerator", ("h100",))}
 
 
 def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:

@@ -192,7 +192,7 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
 
 def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     model = {"metadata": {"name": "m", "namespace": "ns", "uid": "uid-1"}}
-    job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), "NVIDIA-B200", "claim",
+    job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), None, "claim",
                         "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4))
     pod = job["spec"]["template"]["spec"]
     (triton,) = pod["initContainers"]
@@ -728,7 +728,7 @@ def test_a_chart_added_gpu_profile_reaches_the_package_job(kube: FakeKube, tmp_p
     node = copy.deepcopy(next(n for n in kube.node_list if n["metadata"]["labels"].get("nvidia.com/gpu.product")
                               == H100["nvidia.com/gpu.product"]))
     node["metadata"]["name"] = "h20-0"
-    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H20"
+    node["metadata"]["labels"].update({"nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.memory": "97871"})
     kube.node_list.append(node)
     settings = OperatorSettings(catalog=GpuCatalog.load(profiles), annotation_prefixes=SETTINGS.annotation_prefixes)
     body = manifest()

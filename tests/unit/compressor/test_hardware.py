@@ -39,13 +39,15 @@ def test_unknown_gpu_lists_the_known_ones(catalog: GpuCatalog) -> None:
 
 
 def test_every_devcluster_gpu_pool_maps_to_a_profile_with_its_memory(catalog: GpuCatalog) -> None:
-    for pool in nodes.load_pools().pools:
-        if pool.gpu is None:
+    """However a pool's nodes are labelled (GFD, GKE, EC2), a profile names their GPU; MIG slices are no profile's."""
+    pools = {pool.name: pool for pool in nodes.load_pools().pools}
+    for node in nodes.node_manifests(nodes.load_pools()):
+        gpu = pools[node["metadata"]["labels"][nodes.POOL_LABEL]].gpu
+        if gpu is None or "-MIG-" in (gpu.product or ""):
             continue
-        profile = catalog.for_product(pool.gpu.product)
-        assert profile is not None, pool.gpu.product
-        assert profile.memory_mib == pool.gpu.memory_mib
-        assert profile.family == pool.gpu.family
+        found = catalog.for_node(node["metadata"]["labels"])
+        assert found is not None, node["metadata"]["name"]
+        assert (found[0].memory_mib, found[0].family) == (gpu.memory_mib, gpu.family)
 
 
 def test_override_file_changes_a_field_and_adds_a_profile(tmp_path: Path) -> None:
