@@ -61,10 +61,14 @@ def test_node_pools_are_ready_with_gpu_capacity_labels_and_taints(api: client.Ap
                 continue
             assert node.status.capacity[GPU_RESOURCE] == str(pool.gpu.count)
             assert node.status.allocatable[GPU_RESOURCE] == str(pool.gpu.count)
-            assert node.metadata.labels["nvidia.com/gpu.product"] == pool.gpu.product
-            assert node.metadata.labels["nvidia.com/gpu.memory"] == str(pool.gpu.memory_mib)
-            assert node.metadata.labels["nvidia.com/gpu.count"] == str(pool.gpu.count)
-            assert node.metadata.labels["nvidia.com/gpu.family"] == pool.gpu.family
+            assert all(node.metadata.labels[key] == value for key, value in pool.labels.items())
+            if pool.gpu.product is None:  # labelled as a cluster without GPU Feature Discovery labels it
+                assert not any(key.startswith("nvidia.com/gpu.") for key in node.metadata.labels)
+            else:
+                assert node.metadata.labels["nvidia.com/gpu.product"] == pool.gpu.product
+                assert node.metadata.labels["nvidia.com/gpu.memory"] == str(pool.gpu.memory_mib)
+                assert node.metadata.labels["nvidia.com/gpu.count"] == str(pool.gpu.count)
+                assert node.metadata.labels["nvidia.com/gpu.family"] == pool.gpu.family
             assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [
                 (GPU_RESOURCE, "present", "NoSchedule")]
 

@@ -10,13 +10,15 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
+from tailor.compressor.hardware import GpuCatalog
 from tailor.operator import api as model
-from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_placement, stage_job
 from tailor.operator.names import job_name
 
 from conftest import REPO, wait_for
 
-H100 = "NVIDIA-H100-80GB-HBM3"
+CATALOG = GpuCatalog.load()
+H100 = gpu_placement(CATALOG.get("H100"))  # any node whose labels name an H100
 
 
 @pytest.fixture
@@ -61,9 +63,11 @@ def test_an_indexed_compression_job_runs_on_two_h100_nodes(api: client.ApiClient
     name = job_name(owner["metadata"]["name"], 1, "compress")
     assert wait_for("the compression Job to finish", lambda: _finished(api, namespace, name), 90) == "Complete"
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="tailor.dev/stage=compress").items
-    # on H100 nodes with all 8 GPUs each (kwok may finish the first pod before the second is placed, so both can
-    # land on the same node one after the other)
-    assert len(pods) == 2 and all(p.spec.node_name in ("h100-0", "h100-1") for p in pods)
+    # on H100 nodes (GFD, GKE or EC2 labelled) with all 8 GPUs each (kwok may finish the first pod before the
+    # second is placed, so both can land on the same node one after the other)
+    core = client.CoreV1Api(api)
+    found = [CATALOG.for_node(core.read_node(p.spec.node_name).metadata.labels) for p in pods]
+    assert len(pods) == 2 and {gpu[0].name if gpu else None for gpu in found} == {"H100-80GB"}
     assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8" for p in pods)
     assert {p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods} == {"0", "1"}
 
