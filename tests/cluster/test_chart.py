@@ -99,6 +99,19 @@ def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl:
         assert kinds.count("Role") == 2  # the operator's, in the release namespace, and the helm test's
 
 
+@pytest.mark.parametrize("minor", range(29, int(KUBE_VERSION.split(".")[1]) + 1))
+def test_the_chart_renders_on_every_kubernetes_minor_it_claims(helm: Callable[..., Any], minor: int) -> None:
+    """Chart.yaml claims 1.29 and later: each minor renders, with the ValidatingAdmissionPolicy only where
+    admissionregistration.k8s.io/v1 serves it (1.30+); 1.28 is refused by the chart's kubeVersion."""
+    rendered = helm("template", "t", str(CHART), "--kube-version", f"1.{minor}.0").stdout
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered) if doc}
+    assert {"Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+    assert ("ValidatingAdmissionPolicy" in kinds) == (minor >= 30)
+    if minor == 29:
+        refused = helm("template", "t", str(CHART), "--kube-version", "1.28.0", check=False)
+        assert refused.returncode != 0 and "kubeVersion: >=1.29.0-0" in refused.stderr
+
+
 @pytest.mark.parametrize(("values", "message"), [
     ({"operator": {"logLevel": "loud"}}, "logLevel"),
     ({"jobs": {"claimSize": "lots"}}, "claimSize"),
@@ -123,8 +136,9 @@ def test_install_test_upgrade_uninstall_and_permissions(
         crd: None, namespace: str, tmp_path: Path) -> None:
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     release = namespace
-    helm("install", release, str(CHART), "-n", namespace, "-f", str(DEVCLUSTER_VALUES), "--wait", "--timeout",
-         "120s")
+    installed = helm("install", release, str(CHART), "-n", namespace, "-f", str(DEVCLUSTER_VALUES), "--wait",
+                     "--timeout", "120s").stdout
+    assert f"kubectl apply -n {namespace} -f examples/" in installed  # NOTES name a namespace the release watches
     operator = InstalledOperator(devcluster, namespace, release)
     assert "Phase:          Succeeded" in helm("test", release, "-n", namespace, "--timeout", "120s").stdout
 

@@ -87,3 +87,8 @@ capabilities:
 {{- fail "set either clusterWide: true or watchNamespaces, not both" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the cluster serves ValidatingAdmissionPolicy in admissionregistration.k8s.io/v1 (Kubernetes 1.30+). */}}
+{{- define "tailor.admissionPolicyServed" -}}
+{{- semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
