@@ -34,7 +34,9 @@ def _operator(args: argparse.Namespace) -> int:
                                         image_prefixes=tuple(args.allowed_image_prefix
                                                              or OperatorSettings.image_prefixes),
                                         annotation_prefixes=tuple(args.allowed_annotation_prefix
-                                                                  or OperatorSettings.annotation_prefixes)))
+                                                                  or OperatorSettings.annotation_prefixes),
+                                        priority_classes=tuple(args.allowed_priority_class or ()),
+                                        queue_name=args.queue_name))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     asyncio.run(kopf.operator(
@@ -68,6 +70,9 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--allowed-annotation-prefix", action="append",
                         help="stage pod annotations a CompressedModel may set, by key prefix (repeatable; default: "
                              f"{', '.join(OperatorSettings.annotation_prefixes)})")
+    parser.add_argument("--allowed-priority-class", action="append",
+                        help="PriorityClass a CompressedModel's pods may name (repeatable; default: any but system-*)")
+    parser.add_argument("--queue-name", help="Kueue LocalQueue of the stage Jobs when spec.jobs.queueName is not set")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")
     parser.add_argument("--verbose", action="store_true", help="debug logging (kopf's too)")

@@ -37,6 +37,18 @@ Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
 
 
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": 10**-3}
+
+
+def quantity_value(quantity: str) -> float:
+    """A Kubernetes quantity (2Gi, 500m, 1.5T) as a number."""
+    for suffix in sorted(_UNITS, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return float(quantity[:-len(suffix)]) * _UNITS[suffix]
+    return float(quantity)
+
+
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
     """One x-kubernetes-validations entry; `field_path` points the error at the offending field."""
     entry = {"rule": rule, "message": message}
@@ -283,8 +295,181 @@ class Concurrency(ApiModel):
         return self
 
 
-class NodePoolTarget(ApiModel):
-    """A group of GPU nodes to serve on."""
+# --- where pods go ----------------------------------------------------------------------------------
+
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+RESOURCE_QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Labels Tailor's selectors, Services and NetworkPolicy rely on: a tenant's pod labels may not set them
+RESERVED_LABEL_PREFIXES = ("tailor.dev/", "app.kubernetes.io/")
+GPU_RESOURCE = "nvidia.com/gpu"  # what the device plugin (or GKE's, or the GPU Operator) advertises
+
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, min_length=1, max_length=316)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+KEYS_ARE_NAMES = cel(f"self.all(k, size(k) <= 316 && k.matches('{LABEL_KEY_PATTERN}'))",
+                     "keys must be label-style names: an optional DNS prefix and '/', then up to 63 of a-z, "
+                     "A-Z, 0-9, '-', '_', '.'")
+OWN_LABELS = cel("self.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+                 f"labels under {', '.join(RESERVED_LABEL_PREFIXES)} are Tailor's own (its selectors and "
+                 "NetworkPolicy rely on them)")
+NO_GPU_RESOURCE = cel(f"!('{GPU_RESOURCE}' in self)",
+                      f"{GPU_RESOURCE} is set by Tailor (spec.jobs.gpusPerNode for compression, the sizing for "
+                      "Triton); leave it out")
+
+
+def _names(keys: dict[str, Any]) -> dict[str, Any]:
+    bad = sorted(k for k in keys if len(k) > 316 or not re.fullmatch(LABEL_KEY_PATTERN, k))
+    if bad:
+        raise ValueError(f"{KEYS_ARE_NAMES['message']}; got {bad}")
+    return keys
+
+
+def _own_labels(labels: dict[str, str]) -> dict[str, str]:
+    if any(k.startswith(RESERVED_LABEL_PREFIXES) for k in labels):
+        raise ValueError(OWN_LABELS["message"])
+    return labels
+
+
+def _no_gpu_resource(resources: dict[str, str]) -> dict[str, str]:
+    if GPU_RESOURCE in resources:
+        raise ValueError(NO_GPU_RESOURCE["message"])
+    return _names(resources)
+
+
+PodLabels = Annotated[dict[str, LabelValue], Field(max_length=16, json_schema_extra=cel_rules(
+    KEYS_ARE_NAMES, OWN_LABELS)), AfterValidator(_own_labels), AfterValidator(_names)]
+PodAnnotations = Annotated[dict[str, Annotated[str, Field(max_length=256 * 1024)]], Field(
+    max_length=32, json_schema_extra=cel_rules(KEYS_ARE_NAMES)), AfterValidator(_names)]
+ResourceList = Annotated[
+    dict[str, Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=32)]],
+    Field(max_length=8, json_schema_extra={**cel_rules(KEYS_ARE_NAMES, NO_GPU_RESOURCE), "default": {}}),
+    AfterValidator(_no_gpu_resource)]
+
+EXISTS_HAS_NO_VALUE = cel("self.operator != 'Exists' || !has(self.value)",
+                          "a toleration with operator Exists matches any value: leave value out", ".value")
+SECONDS_ONLY_NO_EXECUTE = cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                              "tolerationSeconds applies to effect NoExecute only", ".tolerationSeconds")
+
+
+class Toleration(ApiModel):
+    """A taint the pods tolerate (core/v1 Toleration), naming its key: a toleration of every taint would put
+    them on control-plane and system nodes."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(EXISTS_HAS_NO_VALUE, SECONDS_ONLY_NO_EXECUTE))
+
+    key: LabelKey = Field(description="The taint's key, e.g. cloud.google.com/gke-spot.")
+    operator: Literal["Equal", "Exists"] = Field(default="Equal", description="Equal: the value must match; "
+                                                 "Exists: any value.")
+    value: LabelValue | None = Field(default=None, description="The taint's value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect tolerated; unset: every effect.")
+    toleration_seconds: int | None = Field(default=None, ge=0, le=10**9,
+                                           description="How long a NoExecute taint is tolerated once added.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError(EXISTS_HAS_NO_VALUE["message"])
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(SECONDS_ONLY_NO_EXECUTE["message"])
+        return self
+
+
+VALUES_FIT_OPERATOR = cel(
+    "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : self.operator in ['Exists', 'DoesNotExist'] ? "
+    "size(self.values) == 0 : size(self.values) == 1 && self.values[0].matches('^-?[0-9]+$')",
+    "values: In and NotIn need at least one, Exists and DoesNotExist none, Gt and Lt exactly one integer",
+    ".values")
+
+
+class NodeSelectorRequirement(ApiModel):
+    """One condition on a node's labels (core/v1 NodeSelectorRequirement)."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(VALUES_FIT_OPERATOR))
+
+    key: LabelKey = Field(description="The node label.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(description="How it is compared.")
+    values: list[LabelValue] = Field(default_factory=list, max_length=64, json_schema_extra={"default": []},
+                                     description="The values compared with (In, NotIn; one integer for Gt, Lt).")
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> NodeSelectorRequirement:
+        wanted = {"In": len(self.values) > 0, "NotIn": len(self.values) > 0, "Exists": not self.values,
+                  "DoesNotExist": not self.values}.get(
+            self.operator, len(self.values) == 1 and re.fullmatch(r"-?[0-9]+", self.values[0] if self.values else ""))
+        if not wanted:
+            raise ValueError(VALUES_FIT_OPERATOR["message"])
+        return self
+
+
+class NodeSelectorTerm(ApiModel):
+    """Conditions a node must all meet (core/v1 NodeSelectorTerm; matchExpressions only)."""
+
+    match_expressions: list[NodeSelectorRequirement] = Field(min_length=1, max_length=16,
+                                                             description="Conditions on the node's labels.")
+
+
+class NodeSelector(ApiModel):
+    """Terms of which a node must meet one."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(min_length=1, max_length=8,
+                                                        description="A node must meet one of these.")
+
+
+class PreferredSchedulingTerm(ApiModel):
+    """A term the scheduler favours nodes by, with its weight."""
+
+    weight: int = Field(ge=1, le=100, description="How much a node meeting the term is favoured, 1 to 100.")
+    preference: NodeSelectorTerm = Field(description="The conditions.")
+
+
+class NodeAffinity(ApiModel):
+    """Node affinity (core/v1 NodeAffinity), combined with the nodes Tailor selects: a required term is added to
+    each of Tailor's (GPU labels, a pool's nodeSelector), so a node must meet both."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        default=None, description="Nodes the pods may run on only.")
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = Field(
+        default_factory=list, max_length=8, json_schema_extra={"default": []},
+        description="Nodes the scheduler favours.")
+
+
+class ResourceRequirements(ApiModel):
+    """Requests and limits of the pods' main container, over Tailor's (GPUs excepted: Tailor sets them). Extended
+    resources such as vpc.amazonaws.com/efa or rdma/ib are passed on."""
+
+    requests: ResourceList = Field(default_factory=dict, description="Requests, e.g. {cpu: '16', memory: 200Gi}.")
+    limits: ResourceList = Field(default_factory=dict, description="Limits, e.g. {memory: 400Gi}.")
+
+
+class PodPlacement(ApiModel):
+    """Where pods go and what they carry besides what Tailor sets. Bounded for tenants: no security context,
+    volumes or namespace can be chosen here; annotation keys and priority classes are limited by the operator's
+    settings (the chart's tenancy values), Tailor's own labels cannot be set."""
+
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=16, json_schema_extra={"default": []},
+        description="Taints the pods tolerate, besides nvidia.com/gpu (always tolerated).")
+    node_affinity: NodeAffinity | None = Field(
+        default=None, description="Further conditions on the nodes, combined with Tailor's choice of nodes.")
+    priority_class_name: str | None = Field(
+        default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="PriorityClass of the pods (system-* classes are refused unless the operator allows them).")
+    pod_labels: PodLabels = Field(default_factory=dict, json_schema_extra={"default": {}},
+                                  description="Labels for the pods (not under tailor.dev/ or app.kubernetes.io/).")
+    pod_annotations: PodAnnotations = Field(
+        default_factory=dict, json_schema_extra={"default": {}},
+        description="Annotations for the pods; keys must start with a prefix the operator allows (the chart's "
+                    "tenancy.allowedAnnotationPrefixes).")
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Requests and limits over Tailor's for the pods' main container.")
+
+
+class NodePoolTarget(PodPlacement):
+    """A group of GPU nodes to serve on. The placement fields apply to its Triton pods, and, for scheduling
+    (tolerations, nodeAffinity, priorityClassName), to the package and speed Jobs that run on its nodes."""
 
     name: DnsLabel = Field(description="Name of the pool; names the Deployment serving on it.")
     node_selector: dict[str, str] = Field(
@@ -407,8 +592,10 @@ CONTEXT_WITHIN_COMPRESSION = cel(
 )
 
 
-class JobsSpec(ApiModel):
-    """How the compression, quantization and evaluation Jobs run."""
+class JobsSpec(PodPlacement):
+    """How the compression, quantization and evaluation Jobs run. The placement fields apply to every stage Job's
+    pods (resources to the compression, quantization and evaluation containers only); the package and speed
+    Jobs, which run on a pool's nodes, are scheduled by that pool's."""
 
     image: str | None = Field(default=None, min_length=1, max_length=512,
                               description="Image with tailor[compressor]; default: the operator's --job-image.")
@@ -421,8 +608,10 @@ class JobsSpec(ApiModel):
                                description="Retries of a failed stage before the object is Failed.")
     active_deadline_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=90 * 24 * 3600,
                                          description="Longest a stage's Job may run.")
-    pod_annotations: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra={"default": {}},
-                                            description="Annotations for the stage pods.")
+    queue_name: DnsLabel | None = Field(
+        default=None, description="Kueue LocalQueue of this namespace to queue every stage Job in: each Job is "
+        "created suspended with the label kueue.x-k8s.io/queue-name, for Kueue to admit once its quota holds all "
+        "of the Job's pods. Unset: the operator's default (the chart's jobs.queueName), if any.")
 
 
 class CompressedModelSpec(ApiModel):

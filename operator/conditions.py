@@ -33,6 +33,7 @@ class Reason(StrEnum):
     INVALID_PLAN = "InvalidPlan"
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     ANNOTATION_NOT_ALLOWED = "AnnotationNotAllowed"
+    PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
     CLAIM_NOT_ALLOWED = "ClaimNotAllowed"
     OWNED_ELSEWHERE = "OwnedElsewhere"  # an object with a name the operator derives belongs to someone else
     API_REJECTED = "ApiRejected"  # the API server refused one of the operator's writes (4xx)
@@ -61,3 +62,11 @@ def set_condition(conditions: list[Condition], kind: str, state: bool | None, re
 
 def without(conditions: list[Condition], *kinds: str) -> list[Condition]:
     return [c for c in conditions if c.type not in kinds]
+
+
+class Refused(Exception):
+    """The generation cannot go on: a reason (a condition reason) and a message naming what and why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message

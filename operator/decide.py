@@ -31,11 +31,13 @@ from tailor.operator.conditions import (
     QUANTIZED,
     READY,
     Reason,
+    Refused,
     without,
 )
-from tailor.operator.decision import Decision, Pass, Refused, read_status
-from tailor.operator.jobs import gpu_placement
+from tailor.operator.decision import Decision, Pass, read_status
+from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
+from tailor.operator.placement import scheduling
 from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.workloads import claim_ready, job_outcome, start_job
@@ -72,8 +74,8 @@ def decide(world: Observed, settings: OperatorSettings) -> Decision:
 
 
 def admit(p: Pass, spec: CompressedModelSpec) -> None:
-    """What a tenant may not ask for, whatever the API server let through: images outside the allowlist and
-    pod annotations outside the allowed prefixes."""
+    """What a tenant may not ask for, whatever the API server let through: images outside the allowlist, pod
+    annotations outside the allowed prefixes and priority classes the operator does not allow."""
     images = {"spec.jobs.image": spec.jobs.image,
               "spec.deployment.tritonImage": spec.deployment.triton_image if spec.deployment else None}
     for where, image in images.items():
@@ -81,10 +83,19 @@ def admit(p: Pass, spec: CompressedModelSpec) -> None:
             raise Refused(Reason.IMAGE_NOT_ALLOWED, f"{where} {image!r} is not an allowed image (the operator "
                                                     f"allows {p.settings.job_image} and images under "
                                                     f"{', '.join(p.settings.image_prefixes) or 'no prefix'})")
-    refused = sorted(k for k in spec.jobs.pod_annotations if not p.settings.annotation_allowed(k))
-    if refused:
-        raise Refused(Reason.ANNOTATION_NOT_ALLOWED, f"spec.jobs.podAnnotations {refused} are not allowed; allowed "
-                                                     f"prefixes: {', '.join(p.settings.annotation_prefixes)}")
+    placements = {"spec.jobs": spec.jobs, **{f"spec.deployment.pools[{pool.name}]": pool
+                                             for pool in (spec.deployment.pools if spec.deployment else [])}}
+    for where, placement in placements.items():
+        refused = sorted(k for k in placement.pod_annotations if not p.settings.annotation_allowed(k))
+        if refused:
+            prefixes = ", ".join(p.settings.annotation_prefixes)
+            raise Refused(Reason.ANNOTATION_NOT_ALLOWED, f"{where}.podAnnotations {refused} are not allowed; "
+                                                         f"allowed prefixes: {prefixes}")
+        priority = placement.priority_class_name
+        if priority is not None and not p.settings.priority_class_allowed(priority):
+            allowed = ", ".join(p.settings.priority_classes) or "any class but system-*"
+            raise Refused(Reason.PRIORITY_CLASS_NOT_ALLOWED, f"{where}.priorityClassName {priority!r} is not "
+                                                             f"allowed; the operator allows {allowed}")
 
 
 def start_build(p: Pass, spec: CompressedModelSpec) -> None:
@@ -166,7 +177,8 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 progress.message = waiting
                 return False
             start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
-                      gpu_placement(plan.catalog().get(plan.target_gpu)), memory=preflight.memory_request(fits))
+                      scheduling(spec.jobs, gpu_terms(plan.catalog().get(plan.target_gpu))),
+                      memory=preflight.memory_request(fits))
             if fits is not None:
                 p.event("FitChecked", preflight.summary(fits))
             progress.job_name, progress.state, progress.message = name, "Running", "Job created"
@@ -214,8 +226,8 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     the result the stage wrote on the claim. The message once it has; None while it runs."""
     reader = p.owned("Job", names.reader_name(job))
     if reader is None:
-        start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation), None,
-                  reader=True)
+        start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
+                  scheduling(spec.jobs), reader=True)
         return None
     try:
         return job_outcome(p, reader)

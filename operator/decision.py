@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tailor.operator import names
 from tailor.operator.api import BuildStatus, CompressedModelStatus, Phase, StageName, StageProgress
-from tailor.operator.conditions import FAILED, READY, Reason, set_condition
+from tailor.operator.conditions import FAILED, READY, Reason, Refused, set_condition
 from tailor.operator.deployment import owner_reference
 from tailor.operator.observe import Observed
 from tailor.operator.settings import OperatorSettings
@@ -55,14 +55,6 @@ class Decision:
     events: list[Event]
     phase: Phase
     requeue_s: float
-
-
-class Refused(Exception):
-    """The generation cannot go on: a reason (a condition reason) and a message naming what and why."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason, self.message = reason, message
 
 
 def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:

@@ -23,8 +23,9 @@ from typing import Any
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
-from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec
-from tailor.operator.pools import GPU_RESOURCE, PoolPlan
+from tailor.operator.api import GPU_RESOURCE, GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget
+from tailor.operator.placement import pod_metadata, resources, scheduling
+from tailor.operator.pools import PoolPlan
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 OPENAI_PORT = 9000  # vLLM pools: the OpenAI-compatible API (`tailor openai`), a container beside Triton
@@ -59,7 +60,6 @@ ENDPOINT_PROPAGATION_S = 5
 # No hub, no telemetry: the pod runs only the files the build wrote to the claim, and calls no one
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
 # fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
@@ -183,16 +183,24 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
     }
 
 
-def speed_sidecar(image: str, repository: str, gpus: int) -> dict[str, Any]:
+def gpu_resources(gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
+    """Triton's requests and limits: `gpus` GPUs with the per-GPU floor, the pool's own requests and limits over
+    the floor."""
+    own = resources(scaled(REQUESTS_PER_GPU, gpus), {}, pool, f"spec.deployment.pools[{pool.name}].resources")
+    return {"requests": {**own["requests"], GPU_RESOURCE: str(gpus)},
+            "limits": {**own.get("limits", {}), GPU_RESOURCE: str(gpus)}}
+
+
+def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
     """Triton on the parent and child packaged side by side, beside `tailor speed` in the speed Job's pod (which
-    mounts the artifacts claim as the volume `artifacts`): the pool's image, `gpus` GPUs, loopback clients only."""
+    mounts the artifacts claim as the volume `artifacts`): the pool's image and resources, `gpus` GPUs, loopback
+    clients only."""
     return {
         "name": "triton", "image": image, "command": ["tritonserver"],
         "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items())],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": {"limits": {GPU_RESOURCE: str(gpus)},
-                      "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
+        "resources": gpu_resources(gpus, pool),
         "volumeMounts": [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}],
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
                            "timeoutSeconds": PROBE_TIMEOUT_S},
@@ -215,6 +223,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
             or plan.engine is None):
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
     selector = revision_labels(model, plan.name, generation)
+    target = pool_target(deployment, plan.name)
     meta = _metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
 
     def probe(path: str, failures: int) -> dict[str, Any]:
@@ -238,8 +247,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                  f"--exit-timeout-secs={deployment.drain_seconds}"],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": {"limits": {GPU_RESOURCE: str(gpus)},
-                      "requests": {**scaled(REQUESTS_PER_GPU, gpus), GPU_RESOURCE: str(gpus)}},
+        "resources": gpu_resources(gpus, target),
         "volumeMounts": mounts,
         "startupProbe": probe("/v2/health/ready", startup),
         "livenessProbe": probe("/v2/health/live", 3),
@@ -248,17 +256,18 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
         "securityContext": RESTRICTED,
     }
+    placed = pool_scheduling(deployment, plan.name)
     pod = {
-        "metadata": {"labels": {**selector, **NO_EGRESS}, "annotations": {"prometheus.io/scrape": "true",
-                                                         "prometheus.io/port": str(PORTS["metrics"])}},
+        "metadata": pod_metadata(target, {**selector, **NO_EGRESS}, {"prometheus.io/scrape": "true",
+                                                                      "prometheus.io/port": str(PORTS["metrics"])}),
         "spec": {
             "serviceAccountName": service_account,
             "automountServiceAccountToken": False,
-            "nodeSelector": pool_selector(deployment, plan.name),
-            "tolerations": [GPU_TAINT_TOLERATION],
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-                "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
-                                                   "topologyKey": "kubernetes.io/hostname"}}]}},
+            **placed,
+            "affinity": {**placed.get("affinity", {}), "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": selector},
+                                                       "topologyKey": "kubernetes.io/hostname"}}]}},
             "securityContext": POD_SECURITY,
             "terminationGracePeriodSeconds": ENDPOINT_PROPAGATION_S + deployment.drain_seconds + PROBE_PERIOD_S,
             "containers": [container] + ([openai_container(repository_in_pod(package), frontend_image, mounts)]
@@ -285,9 +294,15 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
     ]
 
 
-def pool_selector(deployment: DeploymentSpec, pool: str) -> dict[str, str]:
-    """The spec's nodeSelector of `pool`: where its Triton pods, package Job and speed Job run."""
-    return dict(sorted(next(target.node_selector for target in deployment.pools if target.name == pool).items()))
+def pool_target(deployment: DeploymentSpec, pool: str) -> NodePoolTarget:
+    return next(target for target in deployment.pools if target.name == pool)
+
+
+def pool_scheduling(deployment: DeploymentSpec, pool: str) -> dict[str, Any]:
+    """Where `pool`'s Triton pods, package Job and speed Job run: its nodeSelector, with its tolerations, node
+    affinity and priority class."""
+    target = pool_target(deployment, pool)
+    return scheduling(target, node_selector=target.node_selector)
 
 
 def _quantity(value: float) -> str:

@@ -1,10 +1,12 @@
 """The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress|quantize|evaluate|package --plan`.
 
 A stage runs the same command as on a workstation, on GPU nodes of the target GPU (by any label that names it:
-`gpu_placement`; the usual nvidia.com/gpu taint tolerated), with the artifacts claim at /artifacts and its
-build plan at /plan. A multi-node stage is an Indexed Job whose pods find each other through a headless
-Service and start torchrun with their completion index as node rank. Results come back as the container's
-termination message (`--result-file /dev/termination-log`) and as a file on the claim.
+`gpu_terms`; placed further by `spec.jobs`, see `placement`), with the artifacts claim at /artifacts and its
+build plan at /plan. With a Kueue queue, the Job is created suspended and labelled for Kueue, which admits it
+(all of its pods at once) when the queue's quota holds them. A multi-node stage is an Indexed Job whose pods
+find each other through a headless Service and start torchrun with their completion index as node rank.
+Results come back as the container's termination message (`--result-file /dev/termination-log`) and as a file
+on the claim.
 
 Pods request CPU and memory as well as GPUs (a pod with only extended resources is BestEffort, the first a
 node evicts), and a multi-GPU pod gets a memory-backed /dev/shm (NCCL and torch's shared-memory tensors).
@@ -20,8 +22,8 @@ from pydantic import BaseModel, Field
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
 from tailor.compressor.hardware import GpuProfile
 from tailor.operator import names
+from tailor.operator.api import GPU_RESOURCE, PodPlacement
 from tailor.operator.deployment import (
-    GPU_TAINT_TOLERATION,
     NO_EGRESS,
     POD_SECURITY,
     PORTS,
@@ -29,7 +31,7 @@ from tailor.operator.deployment import (
     owner_reference,
     scaled,
 )
-from tailor.operator.pools import GPU_RESOURCE
+from tailor.operator.placement import KUEUE_QUEUE_LABEL, pod_metadata, resources
 
 RENDEZVOUS_PORT = 29500
 JOB_SERVICE_ACCOUNT = "tailor-job"
@@ -49,6 +51,7 @@ class JobSettings(BaseModel):
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
     memory: str | None = Field(None, pattern=r"^[1-9][0-9]*Mi$",
                                description="The pod's memory request; default: the per-GPU floor.")
+    queue_name: str | None = Field(None, description="The Kueue LocalQueue the Job waits in to be admitted.")
 
 
 def stage_args(stage: Stage, reader: bool = False) -> list[str]:
@@ -75,24 +78,22 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     return ["tailor", *args]
 
 
-def gpu_placement(gpu: GpuProfile) -> dict[str, Any]:
-    """The pod spec fields that put a pod on nodes with `gpu`, however the cluster labels them: one node-affinity
-    term per label that names it (GPU Feature Discovery's product, GKE's accelerator, an instance type, a team's
-    own), any of which may match."""
-    terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
-             for key, values in gpu.identifying_labels().items()]
-    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": terms}}}}
+def gpu_terms(gpu: GpuProfile) -> list[dict[str, Any]]:
+    """Node-affinity terms that find nodes with `gpu`, however the cluster labels them: one per label that names
+    it (GPU Feature Discovery's product, GKE's accelerator, an instance type, a team's own), any of which may
+    match."""
+    return [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+            for key, values in gpu.identifying_labels().items()]
 
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings,
-              placement: dict[str, Any] | None,
-              claim: str, plan_config_map: str, pod_annotations: dict[str, str] | None = None,
+              scheduling: dict[str, Any], claim: str, plan_config_map: str, placement: PodPlacement | None = None,
               claims: dict[str, str] | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
               reader: bool = False, sidecar: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The Job (and, for several nodes, its headless Service) running `tailor <stage> --plan` for the
     generation `generation`; `claims` are mounted read-only, by mount path (a pvc:// source's at /source, the
-    data's at /data). `placement` (`gpu_placement`, or a pool's nodeSelector) picks the nodes; None: any node.
+    data's at /data). `scheduling` (`placement.scheduling`) places the pods; `placement` (spec.jobs) gives them
+    labels and annotations, and a stage with GPUs its resources.
     A `reader` Job hands back the stage's result from the claim (`tailor result`). A `sidecar` (the speed Job's
     Triton) runs beside the stage as a native sidecar, in the pod's process namespace, and is stopped when the
     stage ends."""
@@ -117,18 +118,19 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
     if settings.memory is not None:
         requests["memory"] = settings.memory
+    container_resources = resources(requests, {}, placement if gpus else None, "spec.jobs.resources")
     if gpus:
-        requests[GPU_RESOURCE] = str(gpus)
+        container_resources["requests"][GPU_RESOURCE] = str(gpus)
+        container_resources.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.service_account,
         "automountServiceAccountToken": False,  # the stages never call the Kubernetes API
-        "tolerations": [GPU_TAINT_TOLERATION],
         "securityContext": POD_SECURITY,
         "containers": [{
             "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage, reader)),
             "env": list(env or []),
-            "resources": {"requests": requests, **({"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {})},
+            "resources": container_resources,
             "volumeMounts": mounts,
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": RESTRICTED,
@@ -144,12 +146,15 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
                                                         "sizeLimit": f"{SHM_PER_GPU_GIB * served_gpus}Gi"}})
         pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
-    pod_spec.update(placement or {})
+    pod_spec.update(scheduling)
     pod_labels = {**labels, **NO_EGRESS} if stage == "speed" else labels  # it serves: no egress, as Triton's
-    pod: dict[str, Any] = {"metadata": {"labels": pod_labels, "annotations": dict(pod_annotations or {})},
-                           "spec": pod_spec}
+    pod: dict[str, Any] = {"metadata": pod_metadata(placement, pod_labels), "spec": pod_spec}
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}
+    job_meta = meta
+    if settings.queue_name is not None:  # Kueue unsuspends it once admitted
+        job_meta = {**meta, "labels": {**labels, KUEUE_QUEUE_LABEL: settings.queue_name}}
+        spec["suspend"] = True
     objects: list[dict[str, Any]] = []
     if settings.nodes > 1:  # one pod per node, all of its GPUs: the ranks find each other by DNS
         pod_spec["subdomain"] = name
@@ -160,5 +165,5 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         objects.append({"apiVersion": "v1", "kind": "Service", "metadata": meta,
                         "spec": {"clusterIP": "None", "selector": labels,
                                  "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}})
-    objects.insert(0, {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec})
+    objects.insert(0, {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": spec})
     return objects

@@ -29,9 +29,9 @@ from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, 
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
-from tailor.operator.api import DeploymentSpec, NodePoolTarget
+from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
+from tailor.operator.placement import admits_node
 
-GPU_RESOURCE = "nvidia.com/gpu"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"  # GFD: single or mixed where MIG partitions the node's GPUs
 MEMORY_TOLERANCE = 0.05  # a node's reported GPU memory this far from its profile's is another GPU
 
@@ -139,12 +139,17 @@ def node_gpu(node: dict[str, Any], catalog: GpuCatalog) -> tuple[GpuProfile | No
 def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> PoolNodes:
     """What of `nodes` the pool can serve on: the rules sizing and the build's batch both follow."""
     matched = matching_nodes(nodes, pool.node_selector)
-    members = [node for node in matched if schedulable(node)]
+    ready = [node for node in matched if schedulable(node)]
     if not matched:
         return PoolNodes(skipped=f"no node matches nodeSelector {pool.node_selector}")
-    if not members:
+    if not ready:
         return PoolNodes(skipped=f"none of the {len(matched)} matching node(s) is Ready and schedulable with "
                                  f"allocatable {GPU_RESOURCE}")
+    refusals = {node["metadata"]["name"]: admits_node(pool, node) for node in ready}
+    members = [node for node in ready if refusals[node["metadata"]["name"]] is None]
+    if not members:
+        return PoolNodes(skipped=f"the pool's pods fit none of its {len(ready)} Ready node(s): "
+                                 + "; ".join(why for why in refusals.values() if why))
     found = {node["metadata"]["name"]: node_gpu(node, catalog) for node in members}
     problem = next((why for gpu, why in found.values() if gpu is None), None)
     if problem is not None:

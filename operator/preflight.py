@@ -17,8 +17,7 @@ from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hardware import MIB
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
 from tailor.operator.api import CompressedModelSpec
-from tailor.operator.conditions import Reason
-from tailor.operator.decision import Refused
+from tailor.operator.conditions import Reason, Refused
 
 # Hugging Face Hub names of the built-in models (their checkpoints there carry the same config.json)
 HUB_MODELS = {

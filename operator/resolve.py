@@ -28,7 +28,7 @@ from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
 from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training, problems
 from tailor.operator import names
-from tailor.operator.api import MAX_BATCH, CompressedModelSpec
+from tailor.operator.api import MAX_BATCH, CompressedModelSpec, quantity_value
 from tailor.operator.pools import GpuAsk, gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
@@ -46,19 +46,8 @@ DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
            "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
            "bld.tokens": "spec.compression.distillation.blockwiseTokens",
            "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
-
-
 class InvalidPlan(ValueError):
     """The spec (with its planOverrides) does not make a valid build plan; the message names the field."""
-
-
-def quantity_bytes(quantity: str) -> float:
-    for suffix in sorted(_UNITS, key=len, reverse=True):
-        if quantity.endswith(suffix):
-            return float(quantity[:-len(suffix)]) * _UNITS[suffix]
-    return float(quantity)
 
 
 def fingerprint(spec: CompressedModelSpec) -> str:
@@ -176,7 +165,7 @@ def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision
     if c.request_tokens_per_second is not None:
         target["requestTokensPerSecond"] = c.request_tokens_per_second
     if c.memory_budget_per_gpu is not None:
-        target["memoryGiB"] = quantity_bytes(c.memory_budget_per_gpu) / 2**30
+        target["memoryGiB"] = quantity_value(c.memory_budget_per_gpu) / 2**30
     if c.max_total_params_billions is not None:
         target["paramsBillions"] = c.max_total_params_billions
     if c.max_active_params_billions is not None:

@@ -19,15 +19,15 @@ from tailor.compressor.results import unpack_config
 from tailor.compressor.serving.engines import Engine, engine_args, reads_own_config_class, served_checkpoint
 from tailor.operator import names, speedup
 from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
-from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, without
-from tailor.operator.decision import Decision, Pass, Patch, Refused
+from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, Refused, without
+from tailor.operator.decision import Decision, Pass, Patch
 from tailor.operator.deployment import (
     ENGINE_ANNOTATION,
     TRITON,
     egress_policy,
     manifests,
     pod_ports,
-    pool_selector,
+    pool_scheduling,
     service,
 )
 from tailor.operator.pools import Built, PoolPlan, plan_pool
@@ -170,7 +170,7 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
         pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
         start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
                                                                                         sized.name),
-                  {"nodeSelector": pool_selector(deployment, sized.name)}, pool=sized.name)
+                  pool_scheduling(deployment, sized.name), pool=sized.name)
         return False
     return job_outcome(p, job) is not None
 

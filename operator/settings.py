@@ -30,9 +30,14 @@ class OperatorSettings:
     image_pull_secrets: tuple[str, ...] = ()
     image_prefixes: tuple[str, ...] = (PROJECT_IMAGES, TRITON_IMAGES)  # besides job_image itself
     annotation_prefixes: tuple[str, ...] = ANNOTATION_PREFIXES
+    priority_classes: tuple[str, ...] = ()  # those a tenant may name; empty: any but system-*
+    queue_name: str | None = None  # the Kueue LocalQueue of stage Jobs whose spec names none
 
     def image_allowed(self, image: str) -> bool:
         return image == self.job_image or any(image.startswith(prefix) for prefix in self.image_prefixes)
 
     def annotation_allowed(self, key: str) -> bool:
         return any(key.startswith(prefix) for prefix in self.annotation_prefixes)
+
+    def priority_class_allowed(self, name: str) -> bool:
+        return name in self.priority_classes if self.priority_classes else not name.startswith("system-")

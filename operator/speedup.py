@@ -17,8 +17,9 @@ from tailor.compressor.results import SpeedResult
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, PoolStatus, ServedSpeedup, SpeedRatioStatus
-from tailor.operator.decision import Pass, Refused
-from tailor.operator.deployment import pool_selector, speed_sidecar
+from tailor.operator.conditions import Refused
+from tailor.operator.decision import Pass
+from tailor.operator.deployment import pool_scheduling, pool_target, speed_sidecar
 from tailor.operator.workloads import job_outcome, start_job
 
 
@@ -74,9 +75,9 @@ def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus)
     config_map = names.package_plan_name(p.name, p.generation, pool.name)
     if p.owned("ConfigMap", config_map) is None:  # the pool's plan, which asked its package Job for the pair
         raise Refused("NoPackagePlan", f"ConfigMap {config_map} (the pool's package plan) is gone")
-    start_job(p, spec, plan, "speed", p.generation, config_map, {"nodeSelector": pool_selector(deployment, pool.name)},
-              pool=pool.name,
-              sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1))
+    start_job(p, spec, plan, "speed", p.generation, config_map, pool_scheduling(deployment, pool.name),
+              pool=pool.name, sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1,
+                                                    pool_target(deployment, pool.name)))
 
 
 def record(p: Pass, found: ServedSpeedup, message: str) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan, Stage
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
-from tailor.operator.conditions import Reason
-from tailor.operator.decision import Pass, Refused, owned_by
+from tailor.operator.conditions import Reason, Refused
+from tailor.operator.decision import Pass, owned_by
 from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.observe import job_finished
 from tailor.operator.resolve import mounted_claims
@@ -76,9 +76,10 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
 
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
-              config_map: str, placement: dict[str, Any] | None, pool: str | None = None, reader: bool = False,
+              config_map: str, scheduling: dict[str, Any], pool: str | None = None, reader: bool = False,
               memory: str | None = None, sidecar: dict[str, Any] | None = None) -> None:
-    """Create a stage's Job and what it needs (or its result reader's, on any node without GPUs); `memory`
+    """Create a stage's Job and what it needs (or its result reader's, without GPUs), placed by `scheduling`
+    (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `memory`
     overrides the pod's memory request; a `sidecar` runs beside it (the speed Job's Triton, which holds its
     GPUs)."""
     jobs = spec.jobs
@@ -89,15 +90,15 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
                            backoff_limit=0 if stage == "speed" else jobs.backoff_limit,
                            active_deadline_seconds=min(jobs.active_deadline_seconds, SPEED_DEADLINE_S)
                            if stage == "speed" else jobs.active_deadline_seconds,
-                           memory=memory)
+                           memory=memory, queue_name=jobs.queue_name or p.settings.queue_name)
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
     if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
-    for manifest in stage_job(p.model, stage, generation, settings, placement, claim_of(p, spec), config_map,
-                              jobs.pod_annotations, mounted_claims(spec, stage in BUILD_STAGES and not reader), pool,
+    for manifest in stage_job(p.model, stage, generation, settings, scheduling, claim_of(p, spec), config_map,
+                              jobs, mounted_claims(spec, stage in BUILD_STAGES and not reader), pool,
                               env, reader, sidecar):
         p.create(manifest)
     name = names.job_name(p.name, generation, stage, pool)

@@ -93,6 +93,21 @@ VALID = [
                                                         "heldOutPath": "legal/eval.jsonl", "textField": "body"}})),
     Case("text-held-out-every", _spec(compression={"data": {"claimName": "corpora", "path": "./train.jsonl",
                                                             "heldOutEvery": 4}})),
+    Case("placement", _spec(jobs={
+        "tolerations": [{"key": "cloud.google.com/gke-spot", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "example.com/drain", "value": "soon", "effect": "NoExecute", "tolerationSeconds": 60}],
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+            "matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]},
+                                 {"key": "example.com/gpu-count", "operator": "Gt", "values": ["7"]}]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "preference": {"matchExpressions": [
+                {"key": "example.com/spot", "operator": "DoesNotExist"}]}}]},
+        "priorityClassName": "gpu-batch", "podLabels": {"team": "ml", "example.com/cost-center": "42"},
+        "resources": {"requests": {"cpu": "16", "memory": "200Gi", "vpc.amazonaws.com/efa": "32"},
+                      "limits": {"memory": "400Gi"}},
+        "queueName": "gpu-builds"},
+        deployment={"pools": [{**POOL, "tolerations": [{"key": "example.com/serving", "operator": "Exists"}],
+                               "priorityClassName": "serving", "podLabels": {"tier": "serving"},
+                               "resources": {"requests": {"cpu": "500m"}}}]})),
 ]
 
 INVALID = [
@@ -151,6 +166,27 @@ INVALID = [
     Case("data-held-out-leaves-the-claim", _data(heldOutPath=".."), "spec.compression.data.heldOutPath"),
     Case("data-two-held-out-rules", _data(heldOutPath="eval", heldOutEvery=4), "spec.compression.data.heldOutEvery"),
     Case("data-without-a-claim", _data(claimName=DELETE), "spec.compression.data.claimName"),
+    # placement: Tailor's labels and GPU counts stay Tailor's; tolerations and node conditions are well formed
+    Case("label-tailor-owns", _spec(jobs={"podLabels": {"tailor.dev/egress": "any"}}), "spec.jobs.podLabels"),
+    Case("label-key-malformed", _spec(jobs={"podLabels": {"team name": "ml"}}), "spec.jobs.podLabels"),
+    Case("gpus-in-resources", _spec(deployment={"pools": [{**POOL, "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}),
+         "spec.deployment.pools[0].resources.limits"),
+    Case("toleration-without-key", _spec(jobs={"tolerations": [{"operator": "Exists"}]}),
+         "spec.jobs.tolerations[0].key"),
+    Case("toleration-exists-with-value", _spec(jobs={"tolerations": [{"key": "a", "operator": "Exists",
+                                                                       "value": "b"}]}),
+         "spec.jobs.tolerations[0].value"),
+    Case("toleration-seconds-without-no-execute", _spec(jobs={"tolerations": [{"key": "a", "tolerationSeconds": 5}]}),
+         "spec.jobs.tolerations[0].tolerationSeconds"),
+    Case("affinity-gt-not-a-number", _spec(jobs={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["many"]}]}]}}}),
+         "spec.jobs.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+         ".matchExpressions[0].values"),
+    Case("affinity-in-without-values", _spec(jobs={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}),
+         "spec.jobs.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+         ".matchExpressions[0].values"),
+    Case("priority-class-malformed", _spec(jobs={"priorityClassName": "High Priority"}), "spec.jobs.priorityClassName"),
     # derived names (Services, Jobs, Deployments) must stay DNS labels of 63 characters
     Case("name-starts-with-a-digit", {"metadata": {"name": "1model"}}, "metadata.name"),
     Case("name-with-a-dot", {"metadata": {"name": "model.v2"}}, "metadata.name"),

@@ -195,7 +195,15 @@ def test_install_test_upgrade_uninstall_and_permissions(
     ({"jobs": {"image": "tailor-runtime:dev-evil"}}, "spec.jobs.image"),  # the job image is exact, not a prefix
     ({"deployment": {"tritonImage": "ghcr.io/tailor-dev.evil.example/triton:1"}}, "spec.deployment.tritonImage"),
     ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "spec.jobs.podAnnotations"),
-], ids=["foreign-image", "job-image-as-prefix", "lookalike-registry", "annotation"])
+    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": {"a": "b"}, "concurrency": {"perNode": 8},
+                                "podAnnotations": {"sidecar.istio.io/inject": "true"}}]}},
+     "spec.deployment.pools[].podAnnotations"),
+    ({"jobs": {"priorityClassName": "system-node-critical"}},
+     "must be an allowed PriorityClass: any class but system-*"),
+    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": {"a": "b"}, "concurrency": {"perNode": 8},
+                                "priorityClassName": "system-cluster-critical"}]}}, "must be an allowed PriorityClass"),
+], ids=["foreign-image", "job-image-as-prefix", "lookalike-registry", "annotation", "pool-annotation",
+        "system-priority", "pool-system-priority"])
 def test_the_admission_policy_refuses_what_a_tenant_may_not_ask_for(
         api: client.ApiClient, namespace: str, installed_operator: InstalledOperator, change: dict[str, Any],
         says: str) -> None:

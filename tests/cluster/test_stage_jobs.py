@@ -12,13 +12,14 @@ from kubernetes import client, utils
 
 from tailor.compressor.hardware import GpuCatalog
 from tailor.operator import api as model
-from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_placement, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_terms, stage_job
 from tailor.operator.names import job_name
+from tailor.operator.placement import scheduling
 
 from conftest import REPO, wait_for
 
 CATALOG = GpuCatalog.load()
-H100 = gpu_placement(CATALOG.get("H100"))  # any node whose labels name an H100
+H100 = scheduling(None, gpu_terms(CATALOG.get("H100")))  # any node whose labels name an H100
 
 
 @pytest.fixture
@@ -77,7 +78,8 @@ def test_a_failing_stage_is_retried_up_to_its_limit(api: client.ApiClient, names
                                                     owner: dict[str, Any]) -> None:
     settings = JobSettings(image="tailor:dev", backoff_limit=1)
     objects = stage_job(owner, "quantize", 1, settings, H100, "artifacts", "plan",
-                        pod_annotations={"devcluster.tailor.dev/fail": "calibration ran out of memory"})
+                        placement=model.JobsSpec(pod_annotations={
+                            "devcluster.tailor.dev/fail": "calibration ran out of memory"}))
     utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
     name = job_name(owner["metadata"]["name"], 1, "quantize")
     assert wait_for("the quantization Job to fail", lambda: _finished(api, namespace, name), 120) == "Failed"

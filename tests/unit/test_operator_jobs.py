@@ -6,11 +6,12 @@ from __future__ import annotations
 import shlex
 
 from tailor.compressor.hardware import GpuCatalog
-from tailor.operator.jobs import JobSettings, gpu_placement, launcher, stage_args, stage_job
+from tailor.operator.jobs import JobSettings, gpu_terms, launcher, stage_args, stage_job
+from tailor.operator.placement import scheduling
 
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 3}}
 ARGS = stage_args("compress")
-B200 = gpu_placement(GpuCatalog.load().get("B200"))
+B200 = scheduling(None, gpu_terms(GpuCatalog.load().get("B200")))
 
 
 def test_the_launcher_is_tailor_or_torchrun_by_gpus_and_nodes() -> None:

@@ -16,7 +16,7 @@ from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import autoscaler, manifests, service, startup_failure_threshold
-from tailor.operator.jobs import gpu_placement
+from tailor.operator.jobs import gpu_terms
 from tailor.operator.pools import Built, PoolPlan, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
 
@@ -122,8 +122,7 @@ def test_a_platform_teams_own_label_names_a_gpu_through_the_profiles(tmp_path: A
     assert node_gpu(node, catalog)[0] == catalog.get("H100")
     assert node_gpu(node, CATALOG) == (None, "no GPU profile knows node n's GPU labels (none): add its label to a "
                                              "profile's gfdProducts or nodeLabels (the chart's gpuProfiles)")
-    placement = gpu_placement(catalog.get("H100"))["affinity"]["nodeAffinity"]
-    terms = placement["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = gpu_terms(catalog.get("H100"))
     # stage Jobs for this GPU select any node labelled so (an override's nodeLabels replace the built-in ones)
     assert {(t["matchExpressions"][0]["key"], tuple(t["matchExpressions"][0]["values"])) for t in terms} == {
         ("nvidia.com/gpu.product", ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB")),
@@ -216,3 +215,23 @@ def test_scale_to_zero_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=re.escape("minReplicas 0 (scale to zero) is not supported")):
         spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"total": 8}}],
                   minReplicas=0)
+
+
+def test_a_pool_is_sized_only_on_nodes_its_pods_can_land_on() -> None:
+    """A taint the pool does not tolerate, or a required node-affinity term its nodes do not meet, leaves no node
+    to size on, and the pool says which; tolerating the taint makes it a pool again."""
+    tainted = copy.deepcopy([node for node in NODES if all(
+        node["metadata"]["labels"].get(k) == v for k, v in H100.items())])
+    for node in tainted:
+        node["spec"] = {**node.get("spec", {}), "taints": [{"key": "example.com/reserved", "value": "serving",
+                                                            "effect": "NoSchedule"}]}
+    pool = {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 8}}
+    (skipped,) = plan_pools(spec_with("nemotron-super-h100", [pool]), tainted)
+    assert skipped.skipped is not None and "has the taint example.com/reserved=serving:NoSchedule" in skipped.skipped
+    tolerated = {**pool, "tolerations": [{"key": "example.com/reserved", "value": "serving"}]}
+    (sized,) = plan_pools(spec_with("nemotron-super-h100", [tolerated]), tainted)
+    assert sized.skipped is None and sized.replicas
+    elsewhere = {**tolerated, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-b"]}]}]}}}
+    (away,) = plan_pools(spec_with("nemotron-super-h100", [elsewhere]), tainted)
+    assert away.skipped is not None and "meets none of the pool's nodeAffinity required terms" in away.skipped

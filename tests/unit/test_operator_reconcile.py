@@ -14,15 +14,16 @@ import pytest
 import yaml
 
 from tailor.compressor.buildplan import DISTRIBUTED_STAGES, ONE_GPU_STAGES, BuildPlan
+from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
-from tailor.operator.api import TRITON_VLLM_IMAGE
+from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
 from tailor.operator.decision import Decision
 from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import reconcile
-from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
 from tailor.operator.observe import job_finished
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
 
@@ -192,8 +193,9 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
 
 def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     model = {"metadata": {"name": "m", "namespace": "ns", "uid": "uid-1"}}
-    job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), None, "claim",
-                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4))
+    pool = NodePoolTarget(name="b200", node_selector={"pool": "b200"}, concurrency={"perNode": 8})
+    job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), {}, "claim",
+                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4, pool))
     pod = job["spec"]["template"]["spec"]
     (triton,) = pod["initContainers"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
@@ -673,6 +675,13 @@ def test_deleting_an_object_keeps_a_claim_it_did_not_create(kube: FakeKube) -> N
     ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "AnnotationNotAllowed",
      "sidecar.istio.io/inject"),
     ({"storage": {"existingClaim": "someone-elses-data"}}, "ClaimNotAllowed", "tailor.dev/allowed=true"),
+    ({"jobs": {"priorityClassName": "system-node-critical"}}, "PriorityClassNotAllowed",
+     "spec.jobs.priorityClassName 'system-node-critical' is not allowed"),
+    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16},
+                                "podAnnotations": {"sidecar.istio.io/inject": "true"}}]}}, "AnnotationNotAllowed",
+     "spec.deployment.pools[h100].podAnnotations ['sidecar.istio.io/inject']"),
+    ({"jobs": {"resources": {"limits": {"memory": "1Gi"}}}}, "InvalidSpec",
+     "spec.jobs.resources: the memory limit 1Gi is below its request 2Gi"),
 ])
 def test_a_tenant_cannot_reach_past_the_allowlists(kube: FakeKube, change: dict[str, Any], reason: str,
                                                    says: str) -> None:
@@ -838,3 +847,60 @@ def test_each_stage_job_runs_as_many_processes_as_its_code_handles(kube: FakeKub
             assert (program, pods, gpus) == ("sh", 2, "8"), stage  # torchrun on each node, by its completion index
         else:
             assert (program, pods, gpus) == ("tailor", 1, "1" if stage in ONE_GPU_STAGES else "0"), stage
+
+
+# --- placement ---------------------------------------------------------------------------------------------
+
+
+def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) -> None:
+    """spec.jobs places the build Jobs (ANDed with the GPU's labels) and labels every stage Job; a pool places its
+    Triton pods and the package and speed Jobs on its nodes; requests and limits go over Tailor's, GPUs stay
+    Tailor's; with a queue every Job is created suspended for Kueue."""
+    team = {"key": "example.com/team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}
+    body = manifest()
+    body["spec"]["jobs"].update(tolerations=[team], priorityClassName="gpu-batch", podLabels={"team": "ml"},
+                                nodeAffinity={"requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [{"matchExpressions": [zone]}]}},
+                                resources={"requests": {"cpu": "16"}, "limits": {"memory": "400Gi"}},
+                                queueName="gpus")
+    serving = {"key": "example.com/serving", "operator": "Exists"}
+    body["spec"]["deployment"]["pools"][0].update(
+        tolerations=[serving], priorityClassName="serving-high", podLabels={"tier": "serving"},
+        nodeAffinity={"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "preference": {"matchExpressions": [zone]}}]},
+        resources={"requests": {"memory": "64Gi"}})
+    kube.apply(body)
+    drive(kube, "Ready")
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    h100_terms = gpu_terms(GpuCatalog.load().get("H100"))
+    stages = set()
+    for name in kube.names("Job"):
+        job = kube.obj("Job", name)
+        stage, pod = job["metadata"]["labels"]["tailor.dev/stage"], job["spec"]["template"]
+        stages.add(stage)
+        assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpus"
+        assert pod["metadata"]["labels"]["team"] == "ml" and pod["metadata"]["labels"]["tailor.dev/stage"] == stage
+        resources = pod["spec"]["containers"][0]["resources"]
+        if stage in ("compress", "quantize", "evaluate"):
+            assert pod["spec"]["tolerations"] == [gpu, team] and pod["spec"]["priorityClassName"] == "gpu-batch"
+            terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"]  # any label naming an H100, each in zone-a
+            assert terms == [{"matchExpressions": t["matchExpressions"] + [zone]} for t in h100_terms]
+            assert resources == {"requests": {"cpu": "16", "memory": "2Gi", "nvidia.com/gpu": "1"},
+                                 "limits": {"memory": "400Gi", "nvidia.com/gpu": "1"}}
+        else:  # on the h100 pool's nodes, as its Triton pods
+            assert pod["spec"]["nodeSelector"] == H100 and pod["spec"]["tolerations"] == [gpu, serving]
+            assert pod["spec"]["priorityClassName"] == "serving-high" and "cpu" not in resources.get("limits", {})
+            assert resources["requests"]["cpu"] == "500m"
+    assert stages == {"compress", "quantize", "evaluate", "package", "speed"}
+    speed = kube.obj("Job", next(n for n in kube.names("Job") if n.endswith("-speed-h100")))
+    assert speed["spec"]["template"]["spec"]["initContainers"][0]["resources"]["requests"]["memory"] == "64Gi"
+    (deployment,) = [kube.obj("Deployment", n) for n in kube.names("Deployment") if "-h100-" in n]
+    h100 = deployment["spec"]["template"]
+    assert h100["metadata"]["labels"]["tier"] == "serving" and h100["spec"]["priorityClassName"] == "serving-high"
+    assert h100["spec"]["tolerations"] == [gpu, serving] and h100["spec"]["nodeSelector"] == H100
+    assert set(h100["spec"]["affinity"]) == {"nodeAffinity", "podAntiAffinity"}
+    triton = h100["spec"]["containers"][0]["resources"]
+    assert triton["requests"]["memory"] == "64Gi" and triton["requests"]["nvidia.com/gpu"] == triton["limits"][
+        "nvidia.com/gpu"]
