@@ -14,6 +14,7 @@ DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
   tailor devcluster up                       # build if needed and start; creates the GPU node pools
   tailor devcluster up --no-metrics          # without Prometheus and prometheus-adapter (HPAs read <unknown>)
+  tailor devcluster up --kueue               # with Kueue, to queue stage Jobs (spec.jobs.queueName)
   export KUBECONFIG=$(tailor devcluster kubeconfig)
   eval "$(tailor devcluster env)"            # KUBECONFIG plus kubectl and helm on PATH
   tailor devcluster status --json
@@ -34,8 +35,11 @@ def _devcluster(args: argparse.Namespace) -> int:
         print(build.ensure_binaries())
         if not args.no_metrics:
             print(build.ensure_metrics_binaries())
+        if args.kueue:
+            print(build.ensure_kueue_binaries())
     elif args.verb == "up":
-        cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE, metrics_pipeline=not args.no_metrics)
+        cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE, metrics_pipeline=not args.no_metrics,
+                   queueing=args.kueue)
     elif args.verb == "down":
         cluster.down(purge=args.purge)
     elif args.verb == "status":
@@ -84,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     no_metrics = argparse.ArgumentParser(add_help=False)
     no_metrics.add_argument("--no-metrics", action="store_true",
                             help="without the metrics pipeline (Prometheus, prometheus-adapter)")
+    no_metrics.add_argument("--kueue", action="store_true", help="with Kueue (its manager and CRDs), to queue stage "
+                                                                "Jobs")
     verbs.add_parser("build", parents=[no_metrics],
                      help="build the binaries from Go modules unless cached; print their folders")
     up = verbs.add_parser("up", parents=[no_metrics], help="build if needed, start etcd, apiserver, controllers, "

@@ -15,6 +15,7 @@ built-in file and static service discoveries (the `remove_all_sd` build tag).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -36,6 +37,8 @@ PROMETHEUS_VERSION = "v0.316.0"  # the Go module's version of Prometheus 3.16.0
 ADAPTER_MODULE = Path(__file__).parent / "adapter"  # pins sigs.k8s.io/prometheus-adapter
 PROMETHEUS_TAGS = "remove_all_sd"  # only the built-in file and static discoveries
 METRICS_BINARIES = ("prometheus", "prometheus-adapter")
+KUEUE_VERSION = "v0.17.0"
+KUEUE_CRDS = "config/components/crd/bases"  # in Kueue's module, beside the manager
 
 
 def kubernetes_version() -> str:
@@ -93,14 +96,14 @@ def _run_go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> No
 def _build(target: Path, names: tuple[str, ...], what: str, steps: Callable[[Path, dict[str, str]], None]) -> Path:
     """`target`, holding every one of `names`, built by `steps(staging, env)` into a staging folder first (renamed
     when complete, so a build cut short never looks done)."""
-    if all((target / name).is_file() for name in names):
+    if all((target / name).exists() for name in names):
         return target
     staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     started = time.monotonic()
     steps(staging, {**os.environ, "GOFLAGS": "-buildvcs=false", "GOBIN": str(staging)})
-    missing = [name for name in names if not (staging / name).is_file()]
+    missing = [name for name in names if not (staging / name).exists()]
     if missing:
         raise RuntimeError(f"build finished without {', '.join(missing)} in {staging}")
     shutil.rmtree(target, ignore_errors=True)
@@ -152,3 +155,21 @@ def ensure_metrics_binaries() -> Path:
                 cwd=ADAPTER_MODULE, env=env, what=f"prometheus-adapter {adapter_version()}")
 
     return _build(cache_root() / f"metrics-{key.hexdigest()[:16]}", METRICS_BINARIES, "metrics binaries", steps)
+
+
+def ensure_kueue_binaries() -> Path:
+    """Return the folder holding Kueue's manager (`kueue`) and its CRDs (`crds/`), building it first if the pin
+    changed."""
+    key = hashlib.sha256(f"{KUEUE_VERSION} {_go_version()}".encode()).hexdigest()[:16]
+
+    def steps(staging: Path, env: dict[str, str]) -> None:
+        log(f"building Kueue {KUEUE_VERSION}; a cold build takes about 3 minutes on 2 cores; later starts reuse it")
+        _run_go(["install", "-ldflags", "-s -w", f"sigs.k8s.io/kueue/cmd/kueue@{KUEUE_VERSION}"], cwd=staging,
+                env=env, what=f"kueue {KUEUE_VERSION}")
+        module = subprocess.run(["go", "list", "-m", "-json", f"sigs.k8s.io/kueue@{KUEUE_VERSION}"], cwd=staging,
+                                env=env, check=True, capture_output=True, text=True).stdout
+        (staging / "crds").mkdir()
+        for crd in (Path(json.loads(module)["Dir"]) / KUEUE_CRDS).glob("*.yaml"):  # writable copies, unlike the cache's
+            shutil.copyfile(crd, staging / "crds" / crd.name)
+
+    return _build(cache_root() / f"kueue-{key}", ("kueue", "crds"), "Kueue", steps)

@@ -1,6 +1,6 @@
 """Start, stop and inspect the devcluster: etcd, kube-apiserver, controller manager, scheduler, kwok, the
-development executor (`executor.py`) and, unless turned off, the metrics pipeline (`metrics.py`: Prometheus and
-prometheus-adapter).
+development executor (`executor.py`), unless turned off, the metrics pipeline (`metrics.py`: Prometheus and
+prometheus-adapter) and, when asked for, Kueue (`kueue.py`).
 
 Each component runs as its own process in its own session, with its pid and log under the state
 folder, so `down` (or a later session) finds and stops exactly what `up` started.
@@ -9,6 +9,7 @@ folder, so `down` (or a later session) finds and stops exactly what `up` started
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -25,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from tailor.devcluster import metrics
-from tailor.devcluster.build import ensure_binaries, ensure_metrics_binaries
+from tailor.devcluster import kueue, metrics
+from tailor.devcluster.build import ensure_binaries, ensure_kueue_binaries, ensure_metrics_binaries
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import DEFAULT_POOLS_FILE, KWOK_ANNOTATION, load_pools, node_manifests
 from tailor.devcluster.pki import CLIENTS, FRONT_PROXY_CLIENT, Pki, ensure_pki
@@ -47,6 +48,8 @@ class Ports:
     kwok: int = 10347
     prometheus: int = 19090
     prometheus_adapter: int = 16445
+    kueue_health: int = 18081
+    kueue_webhook: int = 19443
 
 
 def state_dir() -> Path:
@@ -97,10 +100,12 @@ class Layout:
         return self.logs / "audit.log"
 
 
-# Start order; `down` stops in reverse. The metrics components come last, and only with `up(metrics=True)`.
+# Start order; `down` stops in reverse. The metrics components come last, and only with `up(metrics=True)`;
+# Kueue only with `up(queueing=True)`.
 METRICS_COMPONENTS = ("prometheus", "prometheus-adapter")
+OPTIONAL_COMPONENTS = (*METRICS_COMPONENTS, "kueue")
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "executor",
-              *METRICS_COMPONENTS)
+              *METRICS_COMPONENTS, "kueue")
 
 
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
@@ -116,6 +121,9 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
     if name == "prometheus-adapter":
         return metrics.adapter_argv(bin_dir / name, layout.root, pki, layout.component_kubeconfig(name),
                                     ports.prometheus_adapter, ports.prometheus)
+    if name == "kueue":  # as the cluster's admin: Kueue's release binds it a ClusterRole of the same reach
+        return kueue.argv(bin_dir / name, kueue.write_config(layout.root, ports.kueue_health, ports.kueue_webhook),
+                          layout.kubeconfig)
     if name == "etcd":
         return [binary, f"--data-dir={layout.etcd_data}",
                 f"--listen-client-url=http://127.0.0.1:{ports.etcd_client}",
@@ -266,11 +274,12 @@ def tool(name: str, bin_dir: Path, layout: Layout, *args: str, stdin: str | None
 
 
 def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: bool = False,
-       metrics_pipeline: bool = True) -> Layout:
+       metrics_pipeline: bool = True, queueing: bool = False) -> Layout:
     """Bring the devcluster up (idempotent: components already running are kept); `audit` makes a newly
     started API server log every request (`Layout.audit_log`), which benchmarks count by user agent;
     `metrics_pipeline` starts Prometheus and prometheus-adapter (built on first use) and registers the custom
-    metrics API."""
+    metrics API; `queueing` starts Kueue (built on first use) with its CRDs. An `up` without `queueing` leaves a
+    running Kueue alone."""
     layout = Layout(state_dir())
     pools = load_pools(pools_file)
     bin_dir = ensure_binaries()
@@ -280,6 +289,10 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
     else:
         for name in METRICS_COMPONENTS:
             del binaries[name]
+    if queueing:
+        binaries["kueue"] = ensure_kueue_binaries()
+    else:
+        del binaries["kueue"]
     for folder in (layout.root, layout.run, layout.logs, layout.etcd_data):
         folder.mkdir(parents=True, exist_ok=True)
     pki = ensure_pki(layout.pki)
@@ -300,6 +313,7 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
                                     lambda: _has_default_service_account(bin_dir, layout)),
         "prometheus": ("Prometheus's /-/ready", lambda: _http_ok(f"http://127.0.0.1:{ports.prometheus}/-/ready")),
         "prometheus-adapter": (f"the API server serving {custom_metrics}", lambda: _http_ok(custom_metrics, tls)),
+        "kueue": ("Kueue's certificate and /readyz", lambda: _kueue_ready(bin_dir, layout, ports)),
     }
     started: list[str] = []
     try:
@@ -307,6 +321,12 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
             if component == "prometheus-adapter":  # registered before it starts: ready means the API serves it
                 tool("kubectl", bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
                      stdin=yaml.safe_dump_all(metrics.manifests(pki, ports.prometheus_adapter)))
+            if component == "kueue":  # its certificate manager writes to the CRDs: the API server must be done
+                crds = kueue.crds(folder / "crds")
+                tool("kubectl", bin_dir, layout, "apply", "--server-side", "--force-conflicts", "-f", "-",
+                     stdin=yaml.safe_dump_all([*crds, *kueue.manifests()]))
+                tool("kubectl", bin_dir, layout, "wait", "--for=condition=Established", "--timeout=60s",
+                     *[f"crd/{crd['metadata']['name']}" for crd in crds])
             if running_pid(layout, component) is not None:
                 log(f"{component} already running")
                 continue
@@ -340,6 +360,13 @@ def up(pools_file: Path = DEFAULT_POOLS_FILE, ports: Ports = Ports(), audit: boo
         raise
     log(f"devcluster up: export KUBECONFIG={layout.kubeconfig}")
     return layout
+
+
+def _kueue_ready(bin_dir: Path, layout: Layout, ports: Ports) -> bool:
+    """Kueue's certificate, once in its Secret, mounted for it (`kueue.mount_certificate`); then its /readyz."""
+    secret = json.loads(tool("kubectl", bin_dir, layout, "get", "secret", "--namespace", kueue.NAMESPACE,
+                             kueue.WEBHOOK_SECRET, "--output=json"))
+    return kueue.mount_certificate(secret, layout.root) and _http_ok(f"http://127.0.0.1:{ports.kueue_health}/readyz")
 
 
 def _has_default_service_account(bin_dir: Path, layout: Layout) -> bool:
@@ -385,7 +412,7 @@ def status() -> dict[str, Any]:
         "kubeconfig": str(layout.kubeconfig),
         # a metrics component is expected where `up` started it (its pid file stays until `down`)
         "components": {name: {"running": (pid := running_pid(layout, name)) is not None, "pid": pid,
-                              "expected": name not in METRICS_COMPONENTS or layout.pid_file(name).exists()}
+                              "expected": name not in OPTIONAL_COMPONENTS or layout.pid_file(name).exists()}
                        for name in COMPONENTS},
     }
     if report["components"]["kube-apiserver"]["running"]:
