@@ -66,6 +66,7 @@ lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(TAILOR) crd generate --check
 
 test: build image-tools lint ## lint, then every test (cluster tests start the devcluster once)
+	$(TAILOR) devcluster build --kueue
 	$(BIN)/pytest
 
 test-operator: setup ## the operator's unit tests alone: no cluster, no torch, seconds

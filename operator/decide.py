@@ -189,7 +189,10 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
         message = job_outcome(p, job)
         if message is None:
             active = (job.get("status") or {}).get("active", 0)
-            progress.message = f"{active} pod(s) running" if active else "waiting for a pod"
+            why = p.world.waiting.get(name)
+            progress.state, progress.reason = ("Pending", "Queued" if (job.get("spec") or {}).get("suspend")
+                                               else "Unschedulable") if why else ("Running", None)
+            progress.message = why or (f"{active} pod(s) running" if active else "waiting for a pod")
             return False
         if not message and name not in p.world.with_pods:
             message = read_back(p, spec, plan, stage, name)

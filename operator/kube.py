@@ -32,6 +32,7 @@ KINDS = {
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"), "Pod": ("v1", "pods"),
     "ServiceAccount": ("v1", "serviceaccounts"), "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "CompressedModel": (f"{GROUP}/{VERSION}", PLURAL),
+    "Workload": ("kueue.x-k8s.io/v1beta2", "workloads"),  # Kueue's, read only: why a queued Job waits
 }
 
 

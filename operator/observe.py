@@ -1,6 +1,7 @@
 """What one reconciliation pass sees: the object and everything of it the API server holds, read in a few
 list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's
-batch is taken from them, and the termination messages of finished Jobs whose result the status has not taken yet.
+batch is taken from them, the termination messages of finished Jobs whose result the status has not taken yet,
+and why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's word on a pod).
 
 `Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
 """
@@ -11,8 +12,11 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from tailor.operator import names
 from tailor.operator.kube import Kube
+from tailor.operator.placement import KUEUE_QUEUE_LABEL
 
 BUILD_KINDS = ("Job", "ConfigMap")
 SERVING_KINDS = ("Deployment", "Service")  # none exist before the build has a child to size them for
@@ -29,6 +33,7 @@ class Observed:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
+    waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -76,6 +81,43 @@ def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
     return {job: message for job, (_, message) in found.items()}
 
 
+def unschedulable(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """Per Job, the scheduler's reason for one of its pods it cannot place (which resource, on which nodes)."""
+    found: dict[str, str] = {}
+    for pod in pods:
+        job = (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name")
+        status = pod.get("status") or {}
+        if job is None or status.get("phase") != "Pending":
+            continue
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                found[job] = f"pod {pod['metadata']['name']} cannot be scheduled: {condition.get('message', '')}"
+    return found
+
+
+def queued(job: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
+    """Why a suspended Job waits in its Kueue queue: its Workload's word on quota and admission."""
+    queue = (job["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    where = f"Kueue LocalQueue {queue}" if queue else "suspended, in no Kueue queue"
+    if not workloads:
+        return f"waiting in {where}: Kueue has made no Workload for it yet (is Kueue running, and the queue there?)"
+    conditions = {c.get("type"): c for c in (workloads[0].get("status") or {}).get("conditions") or []}
+    for kind in ("QuotaReserved", "Admitted"):
+        condition = conditions.get(kind)
+        if condition is not None and condition.get("status") != "True":
+            return f"waiting in {where}: {condition.get('message') or condition.get('reason')}"
+    return f"waiting in {where}: admitted, about to start"
+
+
+def _workloads(kube: Kube, owner: str, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    try:
+        return kube.select(owner, "Workload", namespace, {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]})
+    except ApiException as error:
+        if error.status in (403, 404):  # Kueue is not installed, or the operator may not read its Workloads
+            return []
+        raise
+
+
 def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     """Everything a pass needs; None once the object is gone or going."""
     owner = f"{namespace}/{name}"
@@ -90,9 +132,15 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
     pods: list[dict[str, Any]] = []
-    if any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
+    waiting_jobs = [job for job in objects["Job"].values() if job_finished(job) is None
+                    and not (job.get("status") or {}).get("ready")]
+    if waiting_jobs or any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
         pods = kube.select(owner, "Pod", namespace, selector)
+    waiting = unschedulable(pods)
+    for job in waiting_jobs:
+        if (job.get("spec") or {}).get("suspend"):
+            waiting[job["metadata"]["name"]] = queued(job, _workloads(kube, owner, namespace, job))
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
-                    results=termination_messages(pods), with_pods=pod_jobs(pods))
+                    results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting)

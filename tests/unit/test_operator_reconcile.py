@@ -904,3 +904,42 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
     triton = h100["spec"]["containers"][0]["resources"]
     assert triton["requests"]["memory"] == "64Gi" and triton["requests"]["nvidia.com/gpu"] == triton["limits"][
         "nvidia.com/gpu"]
+
+
+def test_a_stage_that_cannot_start_says_why_kueue_or_the_scheduler(kube: FakeKube) -> None:
+    """A suspended Job waits in its Kueue queue (the Workload's word on quota), a pod the scheduler cannot place says
+    which resource on which nodes: the stage is Pending with that reason, the object Pending."""
+    body = manifest()
+    body["spec"]["jobs"]["queueName"] = "gpu-builds"
+    kube.apply(body)
+    step(kube)
+    (job,) = kube.names("Job")
+    uid = kube.obj("Job", job)["metadata"]["uid"]
+    assert step(kube).phase == "Pending"
+    assert kube.status("m")["stages"][0]["message"] == ("waiting in Kueue LocalQueue gpu-builds: Kueue has made no "
+                                                       "Workload for it yet (is Kueue running, and the queue there?)")
+    quota = ("couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor "
+             "default-flavor, 1 more needed")
+    kube.create("kueue", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {
+        "name": f"job-{job}-1", "namespace": "ns", "labels": {"kueue.x-k8s.io/job-uid": uid}},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                   "message": quota}]}})
+    assert step(kube).phase == "Pending"
+    compress = kube.status("m")["stages"][0]
+    assert (compress["state"], compress["reason"], compress["message"]) == (
+        "Pending", "Queued", f"waiting in Kueue LocalQueue gpu-builds: {quota}")
+    # admitted: Kueue unsuspends it, and the scheduler finds no node
+    kube.merge_patch("kueue", "Job", "ns", job, {"spec": {"suspend": False}})
+    unschedulable = ("0/13 nodes are available: 5 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node "
+                     "affinity")
+    kube.create("scheduler", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{job}-x", "namespace": "ns",
+        "labels": {"tailor.dev/model": "m", "batch.kubernetes.io/job-name": job}},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                       "reason": "Unschedulable", "message": unschedulable}]}})
+    assert step(kube).phase == "Pending"
+    compress = kube.status("m")["stages"][0]
+    assert (compress["reason"], compress["message"]) == ("Unschedulable",
+                                                         f"pod {job}-x cannot be scheduled: {unschedulable}")
+    kube.delete("scheduler", "Pod", "ns", f"{job}-x")
+    assert step(kube).phase == "Compressing" and kube.status("m")["stages"][0]["state"] == "Running"
