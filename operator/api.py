@@ -476,6 +476,11 @@ class NodePoolTarget(PodPlacement):
         min_length=1, max_length=16,
         description="Labels that select the pool's nodes, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.")
     concurrency: Concurrency = Field(description="Concurrent requests the pool must hold.")
+    startup_seconds: int | None = Field(
+        default=None, ge=60, le=24 * 3600,
+        description="How long a Triton replica may take to become ready (loading the weights, the engine's "
+                    "warm-up); the revision fails 5 minutes (scheduling, a cold image pull) after that. Unset: "
+                    "the weights at 200 MB/s plus 10 minutes for vLLM (2 for the Python engine).")
 
 
 MIN_WITHIN_MAX = cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas",
@@ -714,6 +719,8 @@ class PoolStatus(StatusModel):
     concurrency_per_replica: int | None = Field(default=None, ge=0)
     replicas: int | None = Field(default=None, ge=0)
     ready_replicas: int | None = Field(default=None, ge=0)
+    startup_seconds: int | None = Field(default=None, ge=0, description="How long a replica may take to become "
+                                        "ready (spec, or derived from the weights and the engine).")
 
 
 class BuildStatus(StatusModel):

@@ -11,7 +11,9 @@ a NetworkPolicy denies them every egress (`egress_policy`).
 Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
 the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
 Plain manifests (dicts), each owned by the CompressedModel so they go when it goes. The model repository is
-read from the artifacts claim; the startup probe allows for loading the weights at a conservative 200 MB/s.
+read from the artifacts claim; the startup probe allows for loading the weights at a conservative 200 MB/s and
+the engine's warm-up, or the pool's startupSeconds. Triton's crash leaves its last log lines as its termination
+message, which the operator keeps when a revision fails.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ OPENAI_REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # a proxy that tokenizes pro
 REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps Triton out of BestEffort
 SHM_PER_GPU_GIB = 8
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
+# After its weights are in, an engine starts serving: vLLM profiles memory, compiles (torch.compile) and captures
+# CUDA graphs, minutes for a large model; the Python fallback engine only starts Triton.
+WARMUP_S = {Engine.VLLM: 600, Engine.PYTHON: 120}
 PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 5  # a server busy streaming answers its health endpoint late; a late answer is not a failure
-PROGRESS_MARGIN_S = 300  # scheduling and image pulls, beyond the startup probe's allowance
+PROGRESS_MARGIN_S = 300  # scheduling and a cold pull of the engine's image, beyond the startup allowance
 SERVING_SERVICE_ACCOUNT = "tailor-serving"
 ENGINE_ANNOTATION = "tailor.dev/engine"
 ENGINE_ARGS_ANNOTATION = "tailor.dev/engine-args"  # vLLM's model.json, as the package Job writes it
@@ -159,9 +164,14 @@ def autoscaler(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, Any]:
     }
 
 
-def startup_failure_threshold(weight_bytes: int) -> int:
-    """Probe periods to allow for loading the weights, plus two minutes for the server itself."""
-    return math.ceil((weight_bytes / LOAD_BYTES_PER_SECOND + 120) / PROBE_PERIOD_S)
+def startup_seconds(plan: PoolPlan, pool: NodePoolTarget) -> int:
+    """How long a replica may take from its start to ready: the pool's startupSeconds, else loading a replica's
+    weights at `LOAD_BYTES_PER_SECOND` plus the engine's warm-up."""
+    if pool.startup_seconds is not None:
+        return pool.startup_seconds
+    assert plan.sizing is not None and plan.tensor_parallel is not None and plan.engine is not None
+    return math.ceil(plan.sizing.footprint.weights * plan.tensor_parallel / LOAD_BYTES_PER_SECOND
+                     + WARMUP_S[plan.engine])
 
 
 def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,6 +190,7 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
                            "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": 3},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
         "securityContext": RESTRICTED,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
@@ -231,7 +242,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                 "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
 
     gpus = plan.tensor_parallel
-    startup = startup_failure_threshold(plan.sizing.footprint.weights * gpus)
+    startup = math.ceil(startup_seconds(plan, target) / PROBE_PERIOD_S)
     mounts = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "models", "persistentVolumeClaim": {"claimName": claim,
                                                                                   "readOnly": True}}]
@@ -255,6 +266,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         # an exec hook, not the sleep action: that needs Kubernetes 1.30, the chart supports 1.29
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
         "securityContext": RESTRICTED,
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash's last log lines, for the operator to keep
     }
     placed = pool_scheduling(deployment, plan.name)
     pod = {

@@ -34,6 +34,7 @@ class Observed:
     results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
+    evidence: dict[str, str] = field(default_factory=dict)  # stalled Deployment -> what its pods say
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -109,6 +110,44 @@ def queued(job: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
     return f"waiting in {where}: admitted, about to start"
 
 
+def stalled(deployment: dict[str, Any]) -> str | None:
+    """The Deployment controller's message once the revision is past its progress deadline, else None."""
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return str(condition.get("message") or "ProgressDeadlineExceeded")
+    return None
+
+
+EVIDENCE_PODS = 3  # of a failed revision, the pods whose state is kept (the first few say what the rest do)
+EVIDENCE_CHARS = 1500  # of each container's last log lines
+
+
+def pod_evidence(pods: list[dict[str, Any]]) -> str:
+    """What a revision's pods say about why they are not ready: scheduling, each container's state, restarts,
+    and the last log lines a crashed container left as its termination message."""
+    lines = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"])[:EVIDENCE_PODS]:
+        status, name = pod.get("status") or {}, pod["metadata"]["name"]
+        said = [f"pod {name}: {status.get('phase', 'Unknown')}"]
+        for condition in status.get("conditions") or []:
+            if condition.get("status") == "False" and condition.get("message"):
+                said.append(f"{condition.get('type')}: {condition['message']}")
+        for container in status.get("containerStatuses") or []:
+            state = container.get("state") or {}
+            waiting, last = state.get("waiting"), (container.get("lastState") or {}).get("terminated")
+            if waiting:
+                said.append(f"{container['name']} waiting ({waiting.get('reason')}): {waiting.get('message', '')}")
+            if container.get("restartCount"):
+                said.append(f"{container['name']} restarted {container['restartCount']} time(s)")
+            if last:
+                said.append(f"{container['name']} last exited {last.get('exitCode')} ({last.get('reason')}); its "
+                            f"last log lines: {str(last.get('message', '')).strip()[-EVIDENCE_CHARS:]}")
+        lines.append("; ".join(said))
+    if len(pods) > EVIDENCE_PODS:
+        lines.append(f"(and {len(pods) - EVIDENCE_PODS} more pod(s))")
+    return "\n".join(lines) or "no pod of it exists"
+
+
 def _workloads(kube: Kube, owner: str, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         return kube.select(owner, "Workload", namespace, {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]})
@@ -131,16 +170,22 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
                for kind in BUILD_KINDS + (SERVING_KINDS if built else ())}
     claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
+    stalled_revisions = [d for d in objects.get("Deployment", {}).values() if stalled(d) is not None]
     pods: list[dict[str, Any]] = []
     waiting_jobs = [job for job in objects["Job"].values() if job_finished(job) is None
                     and not (job.get("status") or {}).get("ready")]
-    if waiting_jobs or any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values()):
+    if stalled_revisions or waiting_jobs or any(job_finished(job) and not _taken(job, status)
+                                                for job in objects["Job"].values()):
         pods = kube.select(owner, "Pod", namespace, selector)
     waiting = unschedulable(pods)
     for job in waiting_jobs:
         if (job.get("spec") or {}).get("suspend"):
             waiting[job["metadata"]["name"]] = queued(job, _workloads(kube, owner, namespace, job))
+    evidence = {d["metadata"]["name"]: pod_evidence([pod for pod in pods if all(
+        (pod["metadata"].get("labels") or {}).get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())])
+        for d in stalled_revisions}
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
-                    results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting)
+                    results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
+                    evidence=evidence)

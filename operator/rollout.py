@@ -29,7 +29,9 @@ from tailor.operator.deployment import (
     pod_ports,
     pool_scheduling,
     service,
+    startup_seconds,
 )
+from tailor.operator.observe import stalled
 from tailor.operator.pools import Built, PoolPlan, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
@@ -56,14 +58,6 @@ def available(deployment: dict[str, Any], floor: int | None = None) -> tuple[boo
         return count >= min(wanted, floor), count
     current = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
     return current and count >= wanted and status.get("updatedReplicas", 0) >= wanted, count
-
-
-def stalled(deployment: dict[str, Any]) -> str | None:
-    """The Deployment controller's message once the revision is past its progress deadline."""
-    for condition in (deployment.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            return str(condition.get("message") or "ProgressDeadlineExceeded")
-    return None
 
 
 def delete_revision(p: Pass, name: str) -> None:
@@ -95,7 +89,8 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                         gpus_per_replica=sized.tensor_parallel,
                         concurrency_per_gpu=int(sized.concurrency_per_gpu or 0) if sized.sizing else None,
                         concurrency_per_replica=sized.concurrency_per_replica, replicas=sized.replicas,
-                        revision=serving, skipped=sized.skipped)
+                        revision=serving, skipped=sized.skipped,
+                        startup_seconds=None if sized.skipped else startup_seconds(sized, pool))
     if serving is not None:
         old = p.world.of("Deployment").get(f"{service_name}-{serving}")
         status.ready_replicas = available(old)[1] if old is not None else 0
@@ -124,10 +119,12 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
             status.revision = revision
         return status, False
     status.skipped = None  # this generation's revision exists: it is rolled out whatever the nodes say now
-    if (problem := stalled(mine)) is not None:
-        delete_revision(p, mine["metadata"]["name"])
-        raise Refused(Reason.REVISION_FAILED, f"Deployment {mine['metadata']['name']} cannot become available: "
-                                              f"{problem}")
+    if (problem := stalled(mine)) is not None:  # what its pods say goes into the status and an Event first
+        name = mine["metadata"]["name"]
+        evidence = p.world.evidence.get(name, "its pods were not read")
+        p.event("RevisionFailed", f"Deployment {name} cannot become available: {problem}; {evidence}")
+        delete_revision(p, name)
+        raise Refused(Reason.REVISION_FAILED, f"Deployment {name} cannot become available: {problem}\n{evidence}")
     ready, count = available(mine, deployment.min_replicas if serving == revision else None)
     if current is None:  # the revision's engine, as it was created (the nodes may say otherwise now)
         engine = Engine(mine["metadata"].get("annotations", {}).get(ENGINE_ANNOTATION, Engine.VLLM))

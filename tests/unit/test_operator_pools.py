@@ -15,7 +15,7 @@ from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
-from tailor.operator.deployment import autoscaler, manifests, service, startup_failure_threshold
+from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
 from tailor.operator.pools import Built, PoolPlan, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
@@ -155,8 +155,10 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert deployment["spec"]["progressDeadlineSeconds"] == container["startupProbe"]["failureThreshold"] * 10 + 300
     assert pod["nodeSelector"] == H100 and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert container["startupProbe"]["failureThreshold"] == startup_failure_threshold(
-        2 * plan.sizing.footprint.weights) > 12  # type: ignore[union-attr]
+    # a replica's weights at 200 MB/s, then vLLM's 10 minutes of compilation and CUDA graphs, in 10 s periods
+    loading = 2 * plan.sizing.footprint.weights / LOAD_BYTES_PER_SECOND  # type: ignore[union-attr]
+    assert container["startupProbe"]["failureThreshold"] == math.ceil(math.ceil(loading + 600) / 10) > 60
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # a crash leaves its last log lines
     assert "--model-repository=/models/g1/repo/repository" in container["args"]
     # the image's own backends: its Python backend runs the repository's model.py (tailor's vLLM backend)
     assert container["command"] == ["tritonserver"] and not any("backend" in arg for arg in container["args"])
@@ -235,3 +237,17 @@ def test_a_pool_is_sized_only_on_nodes_its_pods_can_land_on() -> None:
         {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-b"]}]}]}}}
     (away,) = plan_pools(spec_with("nemotron-super-h100", [elsewhere]), tainted)
     assert away.skipped is not None and "meets none of the pool's nodeAffinity required terms" in away.skipped
+
+
+def test_a_pool_sets_its_own_startup_allowance() -> None:
+    """startupSeconds replaces the derived allowance (weights and warm-up); the revision's deadline follows it."""
+    pool = {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 8}, "startupSeconds": 3600}
+    model = spec_with("nemotron-super-h100", [pool])
+    (plan,) = plan_pools(model, NODES)
+    owner = {"metadata": {"name": "m", "namespace": "default", "uid": "1234"}}
+    assert model.spec.deployment is not None
+    deployment, *_ = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 1,
+                               model.spec.deployment.triton_image)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["startupProbe"]["failureThreshold"] == 360
+    assert deployment["spec"]["progressDeadlineSeconds"] == 3600 + 300

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -623,9 +624,25 @@ def test_a_revision_that_cannot_become_available_fails_and_frees_its_gpus(kube: 
     assert run(kube, 4, revisions=False).phase == "Deploying"
     deadline = kube.obj("Deployment", "m-h100-g2")["spec"]["progressDeadlineSeconds"]
     assert deadline > 300  # the startup allowance for the weights, then five minutes
+    assert math.ceil(kube.status("m")["pools"][0]["startupSeconds"] / 10) * 10 == deadline - 300  # in probe periods
     kube.stall("m-h100-g2")
+    crash = "E1204 model.py:88] CUDA out of memory. Tried to allocate 2.00 GiB\nerror: creating server: Internal"
+    labels = kube.obj("Deployment", "m-h100-g2")["spec"]["selector"]["matchLabels"]
+    kube.create("kubelet", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "m-h100-g2-abc-1", "namespace": "ns", "labels": labels}, "status": {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "message": "containers with "
+                                            "unready status: [triton]"}],
+        "containerStatuses": [{"name": "triton", "restartCount": 4, "state": {"waiting": {
+            "reason": "CrashLoopBackOff", "message": "back-off 2m40s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": crash}}}]}})
     assert step(kube).phase == "Failed"
-    assert kube.condition("m", "Failed")["reason"] == "RevisionFailed"
+    failed = kube.condition("m", "Failed")
+    assert failed["reason"] == "RevisionFailed"
+    # what its pods said is kept before they go: state, restarts, the last log lines of the crash
+    for said in ("pod m-h100-g2-abc-1: Running", "triton waiting (CrashLoopBackOff)", "restarted 4 time(s)",
+                 "last exited 1 (Error)", "CUDA out of memory"):
+        assert said in failed["message"], said
+        assert any(reason == "RevisionFailed" and said in message for _, reason, message in kube.events), said
     assert kube.names("Deployment") == ["m-h100-g1"]  # the stalled revision is gone, the old one serves
     assert kube.condition("m", "Ready")["status"] == "True"
 
