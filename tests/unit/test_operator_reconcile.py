@@ -879,7 +879,8 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
     body["spec"]["jobs"].update(tolerations=[team], priorityClassName="gpu-batch", podLabels={"team": "ml"},
                                 nodeAffinity={"requiredDuringSchedulingIgnoredDuringExecution": {
                                     "nodeSelectorTerms": [{"matchExpressions": [zone]}]}},
-                                resources={"requests": {"cpu": "16"}, "limits": {"memory": "400Gi"}},
+                                resources={"requests": {"cpu": "16", "vpc.amazonaws.com/efa": "32"},
+                                           "limits": {"memory": "400Gi", "vpc.amazonaws.com/efa": "32"}},
                                 queueName="gpus")
     serving = {"key": "example.com/serving", "operator": "Exists"}
     body["spec"]["deployment"]["pools"][0].update(
@@ -904,8 +905,9 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
             terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
                 "nodeSelectorTerms"]  # any label naming an H100, each in zone-a
             assert terms == [{"matchExpressions": t["matchExpressions"] + [zone]} for t in h100_terms]
-            assert resources == {"requests": {"cpu": "16", "memory": "2Gi", "nvidia.com/gpu": "1"},
-                                 "limits": {"memory": "400Gi", "nvidia.com/gpu": "1"}}
+            assert resources == {"requests": {"cpu": "16", "memory": "2Gi", "vpc.amazonaws.com/efa": "32",
+                                              "nvidia.com/gpu": "1"},
+                                 "limits": {"memory": "400Gi", "vpc.amazonaws.com/efa": "32", "nvidia.com/gpu": "1"}}
         else:  # on the h100 pool's nodes, as its Triton pods
             assert pod["spec"]["nodeSelector"] == H100 and pod["spec"]["tolerations"] == [gpu, serving]
             assert pod["spec"]["priorityClassName"] == "serving-high" and "cpu" not in resources.get("limits", {})
