@@ -135,6 +135,9 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
                 f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
                 "--authorization-mode=Node,RBAC",
+                # `kubectl logs` reaches a node at its InternalIP (loopback on every devcluster node: the executor's
+                # kubelet endpoint, nothing on kwok's), verifying the executor's certificate
+                "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={pki.ca_cert}",
                 # The defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, DefaultStorageClass,
                 # ResourceQuota, validating/mutating webhooks and policies, ...) plus what kubeadm adds.
                 "--enable-admission-plugins=NodeRestriction",
@@ -173,10 +176,11 @@ def _component_argv(name: str, bin_dir: Path, layout: Layout, pki: Pki, ports: P
     if name == "kwok":
         return [binary, f"--kubeconfig={layout.component_kubeconfig('kwok')}", f"--config={KWOK_STAGES_FILE}",
                 "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{ports.kwok}"]
+                "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1", f"--server-address=127.0.0.1:{ports.kwok}"]
     if name == "executor":  # this checkout's Python: pods on the executor node run in its environment
         return [sys.executable, "-m", "tailor.devcluster.executor", f"--kubeconfig={layout.kubeconfig}",
-                f"--state={layout.root / 'executor'}", f"--scrape={metrics.scrape_folder(layout.root)}"]
+                f"--state={layout.root / 'executor'}", f"--scrape={metrics.scrape_folder(layout.root)}",
+                f"--kubelet-cert={pki.kubelet_serving_cert}", f"--kubelet-key={pki.kubelet_serving_key}"]
     raise ValueError(f"unknown component {name!r}")
 
 

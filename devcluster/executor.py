@@ -41,6 +41,8 @@ and its Triton pods run the real tritonserver on this machine.
 - **Native sidecars** (init containers with restartPolicy Always) start first and run beside the containers,
   restarted whenever they exit, and are stopped once the other containers have ended for good (a Job's pod
   completes); their status goes to initContainerStatuses.
+- **Container logs** (`kubelet.py`): `kubectl logs` (the API server's request to the node's kubelet endpoint,
+  which the node's status announces) gets a container's output, with tailLines, limitBytes and follow.
 - Not implemented: security contexts (processes run as this user), resource limits, init containers that run
   to completion, exec
   and tcp probes, liveness and startup probes, lifecycle hooks other than a preStop sleep, multi-node torchrun
@@ -72,7 +74,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tailor.devcluster import metrics, services, shim
+from tailor.devcluster import kubelet, metrics, services, shim
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import EXECUTOR_LABEL
 
@@ -280,6 +282,16 @@ class Executor:
         self.scrape_file = None if scrape is None else scrape / "pods.json"
         self.proxy = services.ServiceProxy()
         self.terminating: dict[str, Draining] = {}  # by uid: the pods being deleted
+        self.kubelet_port = 0  # the container-log endpoint's, announced in the nodes' status once it serves
+
+    def container_log(self, namespace: str, pod: str, container: str) -> tuple[Path, Any] | None:
+        """A container's log file and whether it runs, for the kubelet endpoint (called from its threads)."""
+        for local in list(self.pods.values()):
+            if (local.namespace, local.name) == (namespace, pod):
+                for found in local.containers:
+                    if found.spec["name"] == container:
+                        return found.log_file, found.running
+        return None
 
     # --- node and volumes -------------------------------------------------------------------------
 
@@ -300,6 +312,7 @@ class Executor:
             self.core.patch_node_status(node, {"status": {
                 "conditions": conditions, "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                                                         {"type": "Hostname", "address": node}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
                 "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
                              "kubeletVersion": "devcluster-executor", "containerRuntimeVersion": "local-processes"}}})
 
@@ -866,9 +879,14 @@ def main() -> int:
     parser.add_argument("--state", type=Path, required=True, help="folder for volumes and pod folders")
     parser.add_argument("--scrape", type=Path, help="folder for Prometheus's file-discovery file of the pods to "
                                                     "scrape (pods.json)")
+    parser.add_argument("--kubelet-cert", type=Path, required=True, help="serving certificate of the container-log "
+                                                                         "endpoint (for 127.0.0.1)")
+    parser.add_argument("--kubelet-key", type=Path, required=True)
     args = parser.parse_args()
     api = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]
     executor = Executor(api, args.state, args.scrape)
+    logs = kubelet.LogServer(executor.container_log, args.kubelet_cert, args.kubelet_key)
+    executor.kubelet_port = logs.port
     stopping = False
 
     def stop(*_: Any) -> None:
@@ -888,6 +906,7 @@ def main() -> int:
     finally:
         executor.stop_all()
         executor.proxy.close()
+        logs.close()
     return 0
 
 

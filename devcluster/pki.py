@@ -120,6 +120,15 @@ class Pki:
     def adapter_serving_key(self) -> Path:
         return self.root / "prometheus-adapter-serving.key"
 
+    @property
+    def kubelet_serving_cert(self) -> Path:
+        """The executor's kubelet endpoint (container logs), on 127.0.0.1."""
+        return self.root / "executor-kubelet.crt"
+
+    @property
+    def kubelet_serving_key(self) -> Path:
+        return self.root / "executor-kubelet.key"
+
     def client_cert(self, stem: str) -> Path:
         return self.root / f"{stem}.crt"
 
@@ -191,6 +200,8 @@ def ensure_pki(root: Path) -> Pki:
     name, namespace = ADAPTER_SERVICE
     _ensure_leaf(pki.adapter_serving_cert, pki.adapter_serving_key, ca, _common_name(name),
                  ExtendedKeyUsageOID.SERVER_AUTH, _names(["localhost", f"{name}.{namespace}.svc"]))
+    _ensure_leaf(pki.kubelet_serving_cert, pki.kubelet_serving_key, ca, _common_name("tailor-executor-kubelet"),
+                 ExtendedKeyUsageOID.SERVER_AUTH, _names(["localhost"]))
     front_proxy = _ensure_ca(pki.front_proxy_ca_cert, pki.front_proxy_ca_key, "tailor-devcluster-front-proxy-ca")
     _ensure_leaf(pki.client_cert(FRONT_PROXY_CLIENT), pki.client_key(FRONT_PROXY_CLIENT), front_proxy,
                  _common_name(FRONT_PROXY_CLIENT), ExtendedKeyUsageOID.CLIENT_AUTH)

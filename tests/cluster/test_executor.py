@@ -122,3 +122,21 @@ def test_a_native_sidecar_runs_beside_the_job_container_and_stops_after_it(
     core.create_namespaced_pod(namespace, one_shot)
     wait_for("the pod to fail to start", lambda: _status(core, namespace, "one-shot-init").phase == "Failed", 30)
     assert "native sidecars" in _status(core, namespace, "one-shot-init").message
+
+
+@pytest.mark.timeout(120)
+def test_kubectl_logs_reads_an_executor_pod_as_from_a_kubelet(api: client.ApiClient, namespace: str,
+                                                             kubectl: Any) -> None:
+    """The API server's log requests reach the executor's kubelet endpoint (the node's announced port, its
+    certificate checked): the last lines, a byte limit, and a log followed until the container ends."""
+    core = client.CoreV1Api(api)
+    count = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.5; done"
+    core.create_namespaced_pod(namespace, _pod("talker", ["sh", "-c", count], "Never"))
+    wait_for("the talker pod to run", lambda: _status(core, namespace, "talker").phase == "Running", 60)
+    followed = kubectl("logs", "talker", "-n", namespace, "--follow").stdout  # returns when the container ends
+    assert followed.splitlines() == [f"line {i}" for i in range(1, 7)]
+    assert kubectl("logs", "talker", "-n", namespace, "--tail=2").stdout == "line 5\nline 6\n"
+    assert core.read_namespaced_pod_log("talker", namespace, limit_bytes=8) == "line 1\nl"
+    # a simulated (kwok) node has no kubelet: the request fails on loopback, naming the node's address
+    kwok = next(n for n in core.list_node(label_selector="type=kwok").items)
+    assert [a.address for a in kwok.status.addresses if a.type == "InternalIP"] == ["127.0.0.1"]
