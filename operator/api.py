@@ -782,6 +782,9 @@ class CompressedModelStatus(StatusModel):
     """What is true now, written by the operator."""
 
     phase: Phase | None = Field(default=None, description="Summary of the conditions, for printer columns.")
+    progress: str | None = Field(default=None, description="The build stage under way and how far it is (the "
+                                 "current step's share, from its log), or why it has not started, e.g. Compress "
+                                 "27% or Compress: Queued; status.stages[].message has the step.")
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -69,6 +69,8 @@ def _schema(model: type[api.ApiModel]) -> dict[str, Any]:
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress",
+     "description": "The build stage under way: its current step's share, or why it waits"},
     {"name": "Params(B)", "type": "number", "jsonPath": ".status.architecture.totalParamsBillions",
      "description": "Total parameters of the child, in billions"},
     {"name": "Active(B)", "type": "number", "jsonPath": ".status.architecture.activeParamsBillions",

@@ -38,6 +38,7 @@ from tailor.operator.decision import Decision, Pass, read_status
 from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
 from tailor.operator.placement import scheduling
+from tailor.operator.progress import parse as parse_progress
 from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.workloads import claim_ready, job_outcome, start_job
@@ -192,7 +193,10 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
             why = p.world.waiting.get(name)
             progress.state, progress.reason = ("Pending", "Queued" if (job.get("spec") or {}).get("suspend")
                                                else "Unschedulable") if why else ("Running", None)
-            progress.message = why or (f"{active} pod(s) running" if active else "waiting for a pod")
+            step = None if why else parse_progress(p.world.logs.get(name, ""))
+            progress.progress = None if step is None else round(step.share, 3)
+            progress.message = why or (step.describe(spec.compression.rounds if stage == "compress" else None)
+                                       if step else f"{active} pod(s) running" if active else "waiting for a pod")
             return False
         if not message and name not in p.world.with_pods:
             message = read_back(p, spec, plan, stage, name)

@@ -129,6 +129,11 @@ class Pass:
 
     def outcome(self, phase: Phase) -> Decision:
         self.status.phase = phase
+        active = next((s for s in self.status.stages if s.state in ("Running", "Pending") and s.name != "Deploy"),
+                      None)  # a build stage under way, for `kubectl get`: how far, or why it has not started
+        self.status.progress = None if active is None else (
+            f"{active.name} {active.progress:.0%}" if active.progress is not None
+            else f"{active.name}: {active.reason}" if active.reason else None)
         self.status.observed_generation = self.generation
         settled = phase in ("Ready", "Failed")
         return Decision(self.status, self.actions, self.events, phase,

@@ -61,7 +61,8 @@ class Kube:
                 time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
-    def _request(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str) -> Any:
+    def _request(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str,
+                 text: bool = False) -> Any:
         method, url, headers, payload, _ = self.api.param_serialize(
             method, path, query_params=query, body=body, auth_settings=["BearerToken"],
             header_params={"Accept": "application/json", "Content-Type": content_type})
@@ -70,6 +71,8 @@ class Kube:
         if not 200 <= response.status <= 299:
             raise ApiException(status=response.status, reason=response.reason,
                                body=response.data.decode(errors="replace") if response.data else None)
+        if text:
+            return response.data.decode(errors="replace") if response.data else ""
         return json.loads(response.data) if response.data else None
 
     @staticmethod
@@ -97,6 +100,16 @@ class Kube:
         found = self._call(owner, "GET", self._path(kind, namespace), query=[("labelSelector", selector)])
         items: list[dict[str, Any]] = found.get("items", [])
         return items
+
+    def pod_log(self, owner: str, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """The last `tail_lines` lines of a container's log (at most 64 KiB), through the API server from the
+        node's kubelet. Not retried: the next pass reads it again."""
+        self.requests[owner] += 1
+        metrics.API_REQUESTS.inc()
+        found: str = self._request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log", None,
+                                   [("container", container), ("tailLines", tail_lines), ("limitBytes", 65536)],
+                                   "application/json", text=True)
+        return found
 
     def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create `manifest`; None when an object of that name already exists."""

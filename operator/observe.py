@@ -1,7 +1,8 @@
 """What one reconciliation pass sees: the object and everything of it the API server holds, read in a few
 list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's
 batch is taken from them, the termination messages of finished Jobs whose result the status has not taken yet,
-and why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's word on a pod).
+why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's word on a pod), and
+the last lines of each running build stage's log (`progress`).
 
 `Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
 """
@@ -14,9 +15,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tailor.compressor.buildplan import BUILD_STAGES
 from tailor.operator import names
 from tailor.operator.kube import Kube
 from tailor.operator.placement import KUEUE_QUEUE_LABEL
+from tailor.operator.progress import LOG_TAIL_LINES
 
 BUILD_KINDS = ("Job", "ConfigMap")
 SERVING_KINDS = ("Deployment", "Service")  # none exist before the build has a child to size them for
@@ -35,6 +38,7 @@ class Observed:
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
     evidence: dict[str, str] = field(default_factory=dict)  # stalled Deployment -> what its pods say
+    logs: dict[str, str] = field(default_factory=dict)  # running build Job -> the end of its rank-0 pod's log
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -148,6 +152,26 @@ def pod_evidence(pods: list[dict[str, Any]]) -> str:
     return "\n".join(lines) or "no pod of it exists"
 
 
+def running_rank0(pods: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Per Job of a build stage, its running rank-0 pod and the stage's container (named as the stage)."""
+    found = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        job, stage = labels.get("batch.kubernetes.io/job-name"), labels.get(names.STAGE)
+        if (job is not None and stage in BUILD_STAGES and (pod.get("status") or {}).get("phase") == "Running"
+                and annotations.get("batch.kubernetes.io/job-completion-index", "0") == "0"):
+            found[job] = (meta["name"], stage)
+    return found
+
+
+def _log_tail(kube: Kube, owner: str, namespace: str, pod: str, container: str) -> str:
+    try:
+        return kube.pod_log(owner, namespace, pod, container, LOG_TAIL_LINES)
+    except ApiException:  # no kubelet answers for the node (a simulated one), or the pod just ended
+        return ""
+
+
 def _workloads(kube: Kube, owner: str, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         return kube.select(owner, "Workload", namespace, {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]})
@@ -172,15 +196,18 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
     stalled_revisions = [d for d in objects.get("Deployment", {}).values() if stalled(d) is not None]
     pods: list[dict[str, Any]] = []
-    waiting_jobs = [job for job in objects["Job"].values() if job_finished(job) is None
-                    and not (job.get("status") or {}).get("ready")]
-    if stalled_revisions or waiting_jobs or any(job_finished(job) and not _taken(job, status)
-                                                for job in objects["Job"].values()):
+    unfinished = [job for job in objects["Job"].values() if job_finished(job) is None]
+    waiting_jobs = [job for job in unfinished if not (job.get("status") or {}).get("ready")]
+    if stalled_revisions or unfinished or any(job_finished(job) and not _taken(job, status)
+                                              for job in objects["Job"].values()):
         pods = kube.select(owner, "Pod", namespace, selector)
     waiting = unschedulable(pods)
     for job in waiting_jobs:
         if (job.get("spec") or {}).get("suspend"):
             waiting[job["metadata"]["name"]] = queued(job, _workloads(kube, owner, namespace, job))
+    running = {job["metadata"]["name"] for job in unfinished}
+    logs = {job: _log_tail(kube, owner, namespace, pod, container)
+            for job, (pod, container) in running_rank0(pods).items() if job in running}
     evidence = {d["metadata"]["name"]: pod_evidence([pod for pod in pods if all(
         (pod["metadata"].get("labels") or {}).get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())])
         for d in stalled_revisions}
@@ -188,4 +215,4 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
-                    evidence=evidence)
+                    evidence=evidence, logs=logs)

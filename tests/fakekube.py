@@ -49,6 +49,7 @@ class FakeKube(Kube):
         self.requests: Counter[str] = Counter()
         self.writes: list[tuple[str, str, str]] = []  # (verb, kind, name)
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
+        self.logs: dict[tuple[str, str, str], str] = {}  # (namespace, pod, container) -> its log
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}  # (verb, kind) -> (status, message)
         self.node_list = nodes if nodes is not None else ready_nodes()
         self._uids = itertools.count(1)
@@ -123,6 +124,13 @@ class FakeKube(Kube):
 
     def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append((kind, reason, message))
+
+    def pod_log(self, owner: str, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """`logs[(namespace, pod, container)]`, as a kubelet holds it; a 404 for a pod without one."""
+        self.requests[owner] += 1
+        if (namespace, pod, container) not in self.logs:
+            raise ApiException(status=404, reason=f"no log of {pod}/{container}")
+        return "".join(self.logs[(namespace, pod, container)].splitlines(keepends=True)[-tail_lines:])
 
     # --- what a test does as a user ----------------------------------------------------------------
 

@@ -8,7 +8,9 @@ fallback engine: vLLM's CPU build runs no MoE layers)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from kubernetes import client
 
 from tailor.compressor.serving.client import infer
 
-from cmodels import OBJECTS, jobs, wait_phase
+from cmodels import OBJECTS, cmodel, jobs, wait_phase
 from conftest import wait_for
 
 # the toy hybrid has MoE layers, which the `cpu` pool serves with the Python fallback engine: compressed for it (a
@@ -55,8 +57,29 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
                                   "concurrency": {"total": 4}}],
                        "contextLength": 256, "minReplicas": 1, "maxReplicas": 1},
         "storage": {"deletionPolicy": "Delete"}}})
-    ready = wait_phase(objects, namespace, "toy", "Ready", installed_operator, timeout_s=780)
+    seen: set[tuple[str, str]] = set()  # (status.progress, the compress stage's message) while it runs
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            status = (cmodel(objects, namespace, "toy") or {}).get("status") or {}
+            compress = next((s for s in status.get("stages") or [] if s["name"] == "Compress"), {})
+            seen.add((status.get("progress") or "", compress.get("message") or ""))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        ready = wait_phase(objects, namespace, "toy", "Ready", installed_operator, timeout_s=780)
+    finally:
+        stop.set()
+        watcher.join()
     status = ready["status"]
+    # while it ran, the compress stage said which step its log was at (read through the executor's kubelet
+    # endpoint with the chart's pods/log right), and `kubectl get`'s Progress column how far
+    steps = [(shown, message) for shown, message in seen
+             if re.fullmatch(r"round 1/1: [a-z]+ [\d,]+/[\d,]+( variants)?(, eta \w+)?", message)]
+    assert steps, sorted(seen)
+    assert all(re.fullmatch(r"Compress \d+%", shown) for shown, _ in steps), steps
     assert jobs(api, namespace) == ["toy-g1-compress", "toy-g1-evaluate", "toy-g1-package-local", "toy-g1-quantize"]
     assert status["quality"]["passed"] is True and status["quality"]["retention"] >= 0.5
     assert status["architecture"]["precision"].startswith("fp8") and status["architecture"]["blocks"] == 8

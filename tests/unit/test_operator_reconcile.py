@@ -962,3 +962,27 @@ def test_a_stage_that_cannot_start_says_why_kueue_or_the_scheduler(kube: FakeKub
                                                          f"pod {job}-x cannot be scheduled: {unschedulable}")
     kube.delete("scheduler", "Pod", "ns", f"{job}-x")
     assert step(kube).phase == "Compressing" and kube.status("m")["stages"][0]["state"] == "Running"
+
+
+def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
+    """The operator reads the end of the running compress pod's log: the stage's progress and message, and the
+    object's progress for `kubectl get`; a log it cannot read leaves the pod count."""
+    kube.apply(manifest())
+    step(kube)
+    (job,) = kube.names("Job")
+    pod = f"{job}-abcde"
+    kube.create("job-controller", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": pod, "namespace": "ns", "labels": {"tailor.dev/model": "m", "tailor.dev/stage": "compress",
+                                                    "batch.kubernetes.io/job-name": job},
+        "annotations": {"batch.kubernetes.io/job-completion-index": "0"}}, "status": {"phase": "Running"}})
+    kube.merge_patch("job-controller", "Job", "ns", job, {"status": {"active": 1, "ready": 1}})
+    assert step(kube).phase == "Compressing"
+    assert kube.status("m")["stages"][0]["message"] == "1 pod(s) running"  # no log to read
+    kube.logs[("ns", pod, "compress")] = ("[   4.3s] round2.bld: start (1.3 GiB held)\n"
+                                         "[ 121.0s] bld: 412/1536 slot 40 (attention, layer 40) gqa-4: nmse 0.02, "
+                                         "eta 11400s\n")
+    assert step(kube).phase == "Compressing"
+    status = kube.status("m")
+    compress = status["stages"][0]
+    assert (compress["progress"], compress["message"]) == (0.268, "round 2/3: bld 412/1,536, eta 3h10m")
+    assert status["progress"] == "Compress 27%"
