@@ -39,6 +39,7 @@ class Reason(StrEnum):
     API_REJECTED = "ApiRejected"  # the API server refused one of the operator's writes (4xx)
     ACTIVE_PARAMS_ABOVE_CAP = "ActiveParamsAboveCap"
     DOES_NOT_FIT = "DoesNotFit"  # a compression stage needs more memory per rank than spec.jobs' GPUs have
+    CLAIM_TOO_SMALL = "ClaimTooSmall"  # the artifacts claim cannot hold what the build writes
     QUALITY_GATE_PASSED = "Passed"
     QUALITY_GATE_FAILED = "QualityGateFailed"
     NO_POOL_FITS = "NoPoolFits"

@@ -41,7 +41,7 @@ from tailor.operator.placement import scheduling
 from tailor.operator.progress import parse as parse_progress
 from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
-from tailor.operator.workloads import claim_ready, job_outcome, start_job
+from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, start_job
 
 MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
 
@@ -174,6 +174,8 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
     try:
         if job is None:
             fits = preflight.check_fits(spec, plan) if stage == "compress" else None  # before the claim and Job
+            capacity = claim_capacity(p, spec) if stage == "compress" else None  # checked before a claim is made
+            room = preflight.check_claim(spec, claim_of(p, spec), capacity, p.world.claim is None) if capacity else None
             if (waiting := claim_ready(p, spec)) is not None:
                 progress.message = waiting
                 return False
@@ -182,6 +184,9 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                       memory=preflight.memory_request(fits))
             if fits is not None:
                 p.event("FitChecked", preflight.summary(fits))
+            if room is not None:
+                p.event("ClaimChecked", f"the build writes up to {room.total / 1e9:,.0f} GB ({room.describe()}) on "
+                                        f"{claim_of(p, spec)} of {capacity}")
             progress.job_name, progress.state, progress.message = name, "Running", "Job created"
             progress.started_at = progress.started_at or p.world.now
             return False

@@ -1,4 +1,5 @@
-"""The pre-flight check: before the compression Job is created, does every stage fit the GPUs it asks for?
+"""The pre-flight checks: before the compression Job is created, does every stage fit the GPUs it asks for, and
+does the artifacts claim hold what the build writes?
 
 A plan that cannot fit fails the object with the stage and the shortfall (reason DoesNotFit) instead of a pod
 that runs out of memory hours in. The check needs the parent's config, and the operator reads neither claims
@@ -12,11 +13,13 @@ from __future__ import annotations
 import functools
 import math
 
+from pydantic import BaseModel, Field
+
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hardware import MIB
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
-from tailor.operator.api import CompressedModelSpec
+from tailor.operator.api import CompressedModelSpec, quantity_value
 from tailor.operator.conditions import Reason, Refused
 
 # Hugging Face Hub names of the built-in models (their checkpoints there carry the same config.json)
@@ -55,6 +58,55 @@ def check_fits(spec: CompressedModelSpec, plan: BuildPlan) -> Footprint | None:
                                            f"{spec.jobs.gpus_per_node} {gpu.name}: "
                                            + "; ".join(fp.shortfalls(NODES_FIELD)))
     return fp
+
+
+class ClaimNeed(BaseModel):
+    """What a build writes on its artifacts claim at most, in bytes, by part (derived from parameter counts)."""
+
+    parent: int = Field(description="the hf:// parent's BF16 download (0 for a pvc:// parent)")
+    rounds: int = Field(description="each round's assembled and distilled child, BF16, kept for resuming")
+    gkd_checkpoints: int = Field(description="GKD's fp32 weights and two AdamW moments, twice while one is saved")
+    child: int = Field(description="the final child, BF16")
+    quantized: int = Field(description="the quantized child, at most 1 byte per parameter")
+
+    @property
+    def total(self) -> int:
+        return self.parent + self.rounds + self.gkd_checkpoints + self.child + self.quantized
+
+    def describe(self) -> str:
+        parts = {"parent download": self.parent, "round children": self.rounds,
+                 "GKD checkpoints": self.gkd_checkpoints, "child": self.child, "quantized child": self.quantized}
+        return ", ".join(f"{name} {size / 1e9:,.0f} GB" for name, size in parts.items() if size)
+
+
+def claim_need(spec: CompressedModelSpec, arch: Architecture) -> ClaimNeed:
+    """The most a build of `arch` writes: its child is taken at maxTotalParamsBillions, else the parent's size."""
+    parent = arch.total_params
+    cap = spec.compression.max_total_params_billions
+    child = min(parent, int(cap * 1e9)) if cap is not None else parent
+    return ClaimNeed(parent=2 * parent if spec.source.uri.startswith("hf://") else 0,
+                     rounds=spec.compression.rounds * 2 * 2 * child, gkd_checkpoints=2 * 12 * child,
+                     child=2 * child, quantized=0 if spec.quantization.precision == "none" else child)
+
+
+def check_claim(spec: CompressedModelSpec, claim: str, capacity: str, to_create: bool) -> ClaimNeed | None:
+    """Refused (ClaimTooSmall) when the claim's `capacity` (a quantity; `to_create`: the size Tailor's claim would
+    get) cannot hold what the build writes; None when the parent's config is not known here: nothing is
+    checked."""
+    name = builtin_parent(spec.source.uri)
+    if name is None:
+        return None
+    need, holds = claim_need(spec, _architecture(name)), quantity_value(capacity)
+    if need.total > holds:
+        fix = ("set spec.storage.size" if to_create else "expand the claim (if its StorageClass allows) or use "
+               "another in spec.storage.existingClaim" if spec.storage.existing_claim else "expand the claim (if "
+               "its StorageClass allows) or delete it, and set spec.storage.size")
+        held = "would hold" if to_create else "holds"
+        raise Refused(Reason.CLAIM_TOO_SMALL, f"PersistentVolumeClaim {claim} {held} {capacity} "
+                                              f"({holds / 1e9:,.0f} GB), but the build writes up to "
+                                              f"{need.total / 1e9:,.0f} GB ({need.describe()}): {fix} to at least "
+                                              f"{math.ceil(need.total / 2**40 * 10) / 10}Ti; nothing was started")
+    return need
 
 
 def memory_request(fp: Footprint | None) -> str | None:

@@ -54,6 +54,17 @@ def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
     return None
 
 
+def claim_capacity(p: Pass, spec: CompressedModelSpec) -> str | None:
+    """The artifacts claim's size: what a bound claim reports, else what it asks for, or what Tailor's claim will
+    ask for; None for an existingClaim not there yet."""
+    claim = p.world.claim
+    if claim is None:
+        return None if spec.storage.existing_claim else spec.storage.size or p.settings.claim_size
+    reported = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+    requested = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    return str(reported or requested or spec.storage.size or p.settings.claim_size)
+
+
 def claim_of(p: Pass, spec: CompressedModelSpec) -> str:
     return spec.storage.existing_claim or names.claim_name(p.name)
 

@@ -507,7 +507,9 @@ def builtin_super(jobs: dict[str, Any], global_tokens: int) -> dict[str, Any]:
 
 
 def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothing(kube: FakeKube) -> None:
-    kube.apply(builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000))
+    body = builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000)
+    body["spec"]["storage"] = {"size": "1Ti"}  # the chart's default, too small for this build
+    kube.apply(body)
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "DoesNotFit", condition
@@ -517,12 +519,24 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
     (compress,) = kube.status("m")["stages"]
     assert (compress["name"], compress["state"], compress["reason"]) == ("Compress", "Failed", "DoesNotFit")
     kube.update_spec("m", {"jobs": {"nodes": 5}})  # what the message advises: a new generation, a new try
+    # the default 1Ti claim cannot hold what this build writes: refused before a claim or Job exists
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "ClaimTooSmall", condition
+    assert condition["message"] == (
+        "PersistentVolumeClaim m-artifacts would hold 1Ti (1,100 GB), but the build writes up to 2,964 GB (round "
+        "children 912 GB, GKD checkpoints 1,824 GB, child 152 GB, quantized child 76 GB): set spec.storage.size to "
+        "at least 2.7Ti; nothing was started")
+    assert not kube.names("Job") and not kube.names("PersistentVolumeClaim")
+    kube.update_spec("m", {"storage": {"size": "3Ti"}})
     assert step(kube).phase == "Compressing"
-    job = kube.obj("Job", "m-g2-compress")["spec"]
+    assert kube.obj("PersistentVolumeClaim", "m-artifacts")["spec"]["resources"]["requests"]["storage"] == "3Ti"
+    job = kube.obj("Job", "m-g3-compress")["spec"]
     assert job["completions"] == 5 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
         "nvidia.com/gpu": "8"}
     assert any(reason == "FitChecked" and "fits 5 node(s) x 8 H100-80GB" in message
                for _, reason, message in kube.events)
+    assert any(reason == "ClaimChecked" and "up to 2,964 GB" in message for _, reason, message in kube.events)
 
 
 def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
@@ -706,7 +720,7 @@ def test_a_tenant_cannot_reach_past_the_allowlists(kube: FakeKube, change: dict[
                          "metadata": {"name": "someone-elses-data", "namespace": "ns"}})
     body = manifest()
     for key, value in change.items():
-        body["spec"].setdefault(key, {}).update(value)
+        body["spec"][key] = value if key == "storage" else {**body["spec"].get(key, {}), **value}
     kube.apply(body)
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
