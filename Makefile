@@ -15,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell sha256sum constraints-vllm.txt | c
 IMAGE_TOOLS := buildah=1.28.2+ds1-3+deb12u1+b3 podman=4.3.1+ds1-8+deb12u1+b3 skopeo=1.9.3+ds1-1+b10 \
 	debootstrap=1.0.128+nmu2+deb12u2
 
-.PHONY: help setup engine build up down demo test test-operator lint image-tools images
+.PHONY: help setup engine build up down demo test test-operator lint image-tools images chart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -54,6 +54,12 @@ image-tools: ## install Debian's buildah, podman, skopeo and debootstrap (apt-ge
 	if [ -n "$$missing" ]; then apt-get update -qq \
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
+chart: setup ## package the Helm chart into build/chart; CHART_REPO=oci://<registry>/<path> also pushes it there
+	helm=$$($(TAILOR) devcluster build --no-metrics | head -1)/helm; \
+	$$helm package charts/tailor --destination build/chart \
+	&& if [ -n "$(CHART_REPO)" ]; then $$helm push build/chart/tailor-$$(awk '/^version:/ {print $$2}' \
+		charts/tailor/Chart.yaml).tgz $(CHART_REPO); fi
+
 images: setup image-tools ## build the operator and runtime images as OCI archives in build/images (buildah, root)
 	$(BIN)/python images/build.py $(IMAGES)
 
@@ -66,7 +72,7 @@ lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
 	$(TAILOR) crd generate --check
 
 test: build image-tools lint ## lint, then every test (cluster tests start the devcluster once)
-	$(TAILOR) devcluster build --kueue
+	$(TAILOR) devcluster build --kueue --registry
 	$(BIN)/pytest
 
 test-operator: setup ## the operator's unit tests alone: no cluster, no torch, seconds

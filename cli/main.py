@@ -37,6 +37,8 @@ def _devcluster(args: argparse.Namespace) -> int:
             print(build.ensure_metrics_binaries())
         if args.kueue:
             print(build.ensure_kueue_binaries())
+        if args.registry:
+            print(build.ensure_registry_binaries())
     elif args.verb == "up":
         cluster.up(args.pools or nodes.DEFAULT_POOLS_FILE, metrics_pipeline=not args.no_metrics,
                    queueing=args.kueue)
@@ -90,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="without the metrics pipeline (Prometheus, prometheus-adapter)")
     no_metrics.add_argument("--kueue", action="store_true", help="with Kueue (its manager and CRDs), to queue stage "
                                                                 "Jobs")
-    verbs.add_parser("build", parents=[no_metrics],
-                     help="build the binaries from Go modules unless cached; print their folders")
+    build_verb = verbs.add_parser("build", parents=[no_metrics],
+                                  help="build the binaries from Go modules unless cached; print their folders")
+    build_verb.add_argument("--registry", action="store_true",
+                            help="also the OCI registry (CNCF distribution) the chart is published to in tests")
     up = verbs.add_parser("up", parents=[no_metrics], help="build if needed, start etcd, apiserver, controllers, "
                                                            "scheduler, kwok, the executor, Prometheus and the adapter")
     up.add_argument("--pools", type=Path, help="node pools YAML (default: devcluster/nodepools.yaml)")

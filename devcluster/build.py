@@ -38,6 +38,7 @@ ADAPTER_MODULE = Path(__file__).parent / "adapter"  # pins sigs.k8s.io/prometheu
 PROMETHEUS_TAGS = "remove_all_sd"  # only the built-in file and static discoveries
 METRICS_BINARIES = ("prometheus", "prometheus-adapter")
 KUEUE_VERSION = "v0.17.0"
+REGISTRY_VERSION = "v3.0.0"  # CNCF distribution's registry: where tests publish the chart as an OCI artifact
 KUEUE_CRDS = "config/components/crd/bases"  # in Kueue's module, beside the manager
 
 
@@ -173,3 +174,17 @@ def ensure_kueue_binaries() -> Path:
             shutil.copyfile(crd, staging / "crds" / crd.name)
 
     return _build(cache_root() / f"kueue-{key}", ("kueue", "crds"), "Kueue", steps)
+
+
+def ensure_registry_binaries() -> Path:
+    """Return the folder holding the OCI registry (`registry`, CNCF distribution), building it first if the pin
+    changed."""
+    key = hashlib.sha256(f"{REGISTRY_VERSION} {_go_version()}".encode()).hexdigest()[:16]
+
+    def steps(staging: Path, env: dict[str, str]) -> None:
+        log(f"building the OCI registry (distribution {REGISTRY_VERSION}); a cold build takes about a minute")
+        _run_go(["install", "-ldflags", "-s -w",
+                 f"github.com/distribution/distribution/v3/cmd/registry@{REGISTRY_VERSION}"], cwd=staging, env=env,
+                what=f"registry {REGISTRY_VERSION}")
+
+    return _build(cache_root() / f"registry-{key}", ("registry",), "the OCI registry", steps)

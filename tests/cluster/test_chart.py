@@ -5,8 +5,11 @@ pod) and test_operator.py (an operator process with the chart's ServiceAccount t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tailor.devcluster import cluster
+from tailor.devcluster import build, cluster
+from tailor.devcluster.executor import free_port
 
 from conftest import CHART, DEVCLUSTER_VALUES, KUBE_VERSION, InstalledOperator, wait_for
 
@@ -110,6 +114,56 @@ def test_the_chart_renders_on_every_kubernetes_minor_it_claims(helm: Callable[..
     if minor == 29:
         refused = helm("template", "t", str(CHART), "--kube-version", "1.28.0", check=False)
         assert refused.returncode != 0 and "kubeVersion: >=1.29.0-0" in refused.stderr
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A real OCI registry (CNCF distribution, built from its Go module) on loopback, storing in `tmp_path`; its
+    host:port."""
+    binary = build.ensure_registry_binaries() / "registry"
+    port = free_port()
+    config = tmp_path / "registry.yaml"
+    config.write_text(yaml.safe_dump({"version": 0.1, "log": {"level": "warn"},
+                                      "storage": {"filesystem": {"rootdirectory": str(tmp_path / "blobs")}},
+                                      "http": {"addr": f"127.0.0.1:{port}"}}))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OTEL_TRACES_EXPORTER": "none",
+           "OTEL_SDK_DISABLED": "true"}
+    with (tmp_path / "registry.log").open("w") as log:
+        process = subprocess.Popen([str(binary), "serve", str(config)], stdout=log, stderr=log, env=env)
+        try:
+            wait_for("the registry to serve /v2/", lambda: _answers(f"http://127.0.0.1:{port}/v2/"), timeout_s=30)
+            yield f"127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_the_chart_is_published_as_an_oci_artifact_and_installs_from_there(
+        helm: Callable[..., Any], registry: str, tmp_path: Path) -> None:
+    """`make chart`'s steps, `helm package` and `helm push`, to a real registry: the chart pulled back by its OCI
+    reference is the one packaged (same digest), and renders as the chart folder does."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    helm("package", str(CHART), "--destination", str(tmp_path / "packaged"))
+    packaged = tmp_path / "packaged" / f"tailor-{version}.tgz"
+    pushed = helm("push", str(packaged), f"oci://{registry}/charts", "--plain-http")
+    reference = f"oci://{registry}/charts/tailor"
+    assert f"Pushed: {registry}/charts/tailor:{version}" in pushed.stdout + pushed.stderr
+    (tmp_path / "pulled").mkdir()
+    helm("pull", reference, "--version", version, "--plain-http", "--destination", str(tmp_path / "pulled"))
+    assert (tmp_path / "pulled" / packaged.name).read_bytes() == packaged.read_bytes()
+    assert yaml.safe_load(helm("show", "chart", reference, "--version", version, "--plain-http").stdout)[
+        "version"] == version
+    kube = ("--kube-version", KUBE_VERSION.lstrip("v"))
+    from_registry = helm("template", "t", reference, "--version", version, "--plain-http", *kube).stdout
+    assert from_registry == helm("template", "t", str(CHART), *kube).stdout
 
 
 @pytest.mark.parametrize(("values", "message"), [
