@@ -17,6 +17,7 @@ from tailor.operator.observe import Observed
 from tailor.operator.settings import OperatorSettings
 
 WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
+PROGRESS_REQUEUE_S = 10.0  # while a build stage runs: its log's steps bring no event, so look again this soon
 SETTLED_REQUEUE_S = 300.0
 
 
@@ -136,8 +137,9 @@ class Pass:
             else f"{active.name}: {active.reason}" if active.reason else None)
         self.status.observed_generation = self.generation
         settled = phase in ("Ready", "Failed")
-        return Decision(self.status, self.actions, self.events, phase,
-                        SETTLED_REQUEUE_S if settled else WAITING_REQUEUE_S)
+        requeue = SETTLED_REQUEUE_S if settled else PROGRESS_REQUEUE_S if active and active.state == "Running" \
+            else WAITING_REQUEUE_S
+        return Decision(self.status, self.actions, self.events, phase, requeue)
 
     def fail(self, reason: str, message: str) -> Decision:
         if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):

@@ -3,7 +3,7 @@
 Design: the stages already log their steps (`bld: 412/1536 ... eta 11400s`, `scoring: 40/96 variants, eta 300s`,
 `gkd: step 120/400, ... eta 3000s`, and `roundN.<step>: start` as each part of a Puzzle round begins). The operator
 reads the last lines of the running stage's rank-0 pod through the API server (`pods/log`, the operator's right;
-the kubelet serves it), on each pass while the stage runs (at least every 30 s), and turns the last step line into
+the kubelet serves it), on each pass while the stage runs (every 10 s), and turns the last step line into
 the stage's progress and message. The stage pods get no API rights at all, as before, and nothing is written
 anywhere but the log they already write. A log that says nothing parseable (another image, a pod on a node without
 a kubelet endpoint) leaves the stage at "N pod(s) running".

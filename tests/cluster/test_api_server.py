@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -95,13 +96,14 @@ def test_kubectl_get_shows_the_printer_columns(api: client.ApiClient, namespace:
                                                kubectl: Callable[..., Any]) -> None:
     create(api, namespace, patched({"metadata": {"name": "printed"}}))
     status = model.CompressedModelStatus(
-        phase="Ready", observed_generation=1, ready_replicas=2,
+        phase="Quantizing", progress="Quantize 40%", observed_generation=1, ready_replicas=2,
         architecture=model.ArchitectureSummary(total_params_billions=75.3, active_params_billions=9.3,
                                                precision="fp8"))
     Objects(api).patch_namespaced_custom_object_status(
         model.GROUP, model.VERSION, namespace, model.PLURAL, "printed",
         {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")})
     lines = kubectl("get", "cmodel", "-A").stdout.splitlines()
-    assert lines[0].split() == ["NAMESPACE", "NAME", "PHASE", "PARAMS(B)", "ACTIVE(B)", "PRECISION", "READY", "AGE"]
-    row = next(line.split() for line in lines[1:] if line.split()[:2] == [namespace, "printed"])
-    assert row[2:7] == ["Ready", "75.3", "9.3", "fp8", "2"]
+    assert lines[0].split() == ["NAMESPACE", "NAME", "PHASE", "PROGRESS", "PARAMS(B)", "ACTIVE(B)", "PRECISION",
+                                "READY", "AGE"]
+    row = next(re.split(r"\s{2,}", line) for line in lines[1:] if line.split()[:2] == [namespace, "printed"])
+    assert row[2:8] == ["Quantizing", "Quantize 40%", "75.3", "9.3", "fp8", "2"]

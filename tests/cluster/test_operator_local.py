@@ -51,7 +51,7 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
         "source": {"uri": "pvc://models/tiny-nemotron-h"},
         "compression": {"targetGPU": "cpu", "throughputFactor": 1.05, "contextLength": 256, "rounds": 1,
                         "minQualityRetention": 0.5, "planOverrides": PLAN,
-                        "distillation": {"blockwiseTokens": 1024, "globalTokens": 512}},
+                        "distillation": {"blockwiseTokens": 1024, "globalTokens": 2048}},
         "quantization": {"precision": "fp8", "calibrationSamples": 2},
         "deployment": {"pools": [{"name": "local", "nodeSelector": {"nvidia.com/gpu.product": "tailor-local-cpu"},
                                   "concurrency": {"total": 4}}],
