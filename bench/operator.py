@@ -3,7 +3,6 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
 
     .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
     .venv/bin/python bench/operator.py --baseline 4825d2d    # that commit's operator, then this one's, side by side
-    .venv/bin/python bench/operator.py --floor               # the floor (bench/floor.py), then this operator
 
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
@@ -12,9 +11,7 @@ reconciler and kopf, by verb), reconciliation passes per object, and the operato
 Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it starts its own in a temporary
 state folder on the same ports. With `--baseline REV`, the same run is made first with the operator of commit REV
 (a git worktree put first on the operator's PYTHONPATH; the devcluster, CRD and workload stay this checkout's),
-then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios. With `--floor`, the
-first run is the floor instead: a minimal controller that does only the writes Tailor must do for the same objects
-and Jobs (`bench/floor.py`); the ratios say how far Tailor is above it, and the audited requests where they go.
+then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios.
 """
 
 from __future__ import annotations
@@ -91,7 +88,6 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--baseline", help="a commit whose operator runs first, for a side-by-side comparison")
-    parser.add_argument("--floor", action="store_true", help="the floor (bench/floor.py) runs first, side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "operator.json")
     args = parser.parse_args()
     if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
@@ -100,12 +96,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the benchmark's devcluster
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
-        if args.floor:
-            floor = bench(args, Path(scratch) / "floor", None, args.out.with_name(f"{args.out.stem}-floor.png"),
-                          floor=True)
-            current = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
-            report = {"floor": floor, "current": current, "ratiosToFloor": ratios(floor, current)}
-        elif args.baseline is None:
+        if args.baseline is None:
             report = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
         else:
             baseline = bench(args, Path(scratch) / "baseline", baseline_path(args.baseline, Path(scratch)),
@@ -145,18 +136,16 @@ def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float
     def figures(report: dict[str, Any]) -> dict[str, float]:
         out = {f"createToReady.{k}": v for k, v in (report.get("createToReadySeconds") or {}).items()}
         out.update({key: report[key] for key in ("wallSeconds", "apiRequestsPerModel", "reconcilesPerModel",
-                                                 "operatorPeakRssMiB") if key in report})
+                                                 "operatorPeakRssMiB")})
         out.update({f"audited.{who}": counts["total"] for who, counts in report["auditedRequestsPerModel"].items()})
         return out
 
     before, after = figures(baseline), figures(current)
-    return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after if key in before}
+    return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after}
 
 
-def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path, floor: bool = False
-          ) -> dict[str, Any]:
-    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline); `floor`:
-    the floor controller in this process instead of the operator."""
+def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path) -> dict[str, Any]:
+    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline)."""
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
     layout = cluster.up(pools_file(scratch, args.nodes), audit=True)
@@ -168,18 +157,6 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
             subprocess.run([*kubectl, "wait", "--for=condition=Established", f"crd/{model.PLURAL}.{model.GROUP}"],
                            check=True, capture_output=True)
             subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
-            if floor:
-                api = config.new_client_from_config(config_file=str(layout.kubeconfig))
-                api.user_agent = "tailor-floor/bench"
-                from floor import Floor  # bench/floor.py, beside this script
-
-                controller = Floor(api, NAMESPACE, image="ghcr.io/tailor-dev/tailor-runtime:floor")
-                try:
-                    report = run(layout, args, None, png)
-                finally:
-                    controller.stop()
-                report["auditedRequestsPerModel"] = audited(layout.audit_log, args.models)
-                return report
             env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
             # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which this
             # operator allows only when told (a baseline before the allowlist knows no such flag)
@@ -203,7 +180,7 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
     return report
 
 
-def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes] | None, png: Path
+def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes], png: Path
         ) -> dict[str, Any]:
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
     objects = client.CustomObjectsApi(api)
@@ -237,19 +214,18 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
             print(f"{len(ready)}/{args.models} Ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
             last_report = time.monotonic()
     seconds = [ready[name] - created[name] for name in ready]
+    stages = stage_seconds(objects)
+    peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{operator.pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM"))
+    requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
     report: dict[str, Any] = {
         "ready": len(ready), "wallSeconds": round(max(ready.values(), default=started) - started, 1),
         "createToReadySeconds": {"p50": round(statistics.median(seconds), 2), "p90": round(percentile(seconds, 0.9), 2),
                                  "p99": round(percentile(seconds, 0.99), 2), "max": round(max(seconds), 2)}
         if seconds else None,
+        "apiRequestsPerModel": round(requests / args.models, 1), "reconcilesPerModel": round(passes / args.models, 1),
+        "operatorPeakRssMiB": round(peak_kib / 1024, 1), "stageSecondsMedian": stages,
         "secondsToReady": sorted(round(s, 2) for s in seconds)}
-    if operator is not None:  # the floor keeps no stages and runs in this process
-        peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{operator.pid}/status").read_text()
-                        .splitlines() if line.startswith("VmHWM"))
-        requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
-        report.update(apiRequestsPerModel=round(requests / args.models, 1),
-                      reconcilesPerModel=round(passes / args.models, 1), operatorPeakRssMiB=round(peak_kib / 1024, 1),
-                      stageSecondsMedian=stage_seconds(objects))
     plot(seconds, png)
     return report
 
@@ -257,13 +233,13 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
 def audited(log: Path, models: int) -> dict[str, Any]:
     """Requests the API server logged from the operator, per model: its reconciler (user agent
     tailor-operator/...) and kopf (kopf/...: watches, finalizers, its annotations), by verb."""
-    counts: dict[str, dict[str, int]] = {"reconciler": {}, "kopf": {}, "floor": {}}
+    counts: dict[str, dict[str, int]] = {"reconciler": {}, "kopf": {}}
     with log.open() as lines:
         for line in lines:
             entry = json.loads(line)
             agent = entry.get("userAgent", "")
             who = ("reconciler" if agent.startswith("tailor-operator/") else
-                   "kopf" if agent.startswith("kopf/") else "floor" if agent.startswith("tailor-floor/") else None)
+                   "kopf" if agent.startswith("kopf/") else None)
             if who is not None:
                 counts[who][entry["verb"]] = counts[who].get(entry["verb"], 0) + 1
     return {who: {"total": round(sum(verbs.values()) / models, 1),
