@@ -25,7 +25,7 @@ from typing import Any
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
-from tailor.operator.api import GPU_RESOURCE, GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget
+from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget
 from tailor.operator.placement import pod_metadata, resources, scheduling
 from tailor.operator.pools import PoolPlan
 
@@ -197,9 +197,7 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
 def gpu_resources(gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
     """Triton's requests and limits: `gpus` GPUs with the per-GPU floor, the pool's own requests and limits over
     the floor."""
-    own = resources(scaled(REQUESTS_PER_GPU, gpus), {}, pool, f"spec.deployment.pools[{pool.name}].resources")
-    return {"requests": {**own["requests"], GPU_RESOURCE: str(gpus)},
-            "limits": {**own.get("limits", {}), GPU_RESOURCE: str(gpus)}}
+    return resources(scaled(REQUESTS_PER_GPU, gpus), gpus, pool, f"spec.deployment.pools[{pool.name}].resources")
 
 
 def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) -> dict[str, Any]:

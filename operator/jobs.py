@@ -118,10 +118,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
     if settings.memory is not None:
         requests["memory"] = settings.memory
-    container_resources = resources(requests, {}, placement if gpus else None, "spec.jobs.resources")
-    if gpus:
-        container_resources["requests"][GPU_RESOURCE] = str(gpus)
-        container_resources.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
+    container_resources = resources(requests, gpus, placement if gpus else None, "spec.jobs.resources")
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.service_account,

@@ -64,17 +64,19 @@ def pod_metadata(placement: PodPlacement | None, labels: dict[str, str],
             "annotations": {**(placement.pod_annotations if placement else {}), **(annotations or {})}}
 
 
-def resources(requests: dict[str, str], limits: dict[str, str], placement: PodPlacement | None,
-              field: str) -> dict[str, Any]:
-    """A container's requests and limits: Tailor's, with the spec's over them (GPUs stay Tailor's). A limit
-    below its request is refused naming `field`, before the API server refuses the pod."""
+def resources(requests: dict[str, str], gpus: int, placement: PodPlacement | None, field: str) -> dict[str, Any]:
+    """A container's requests and limits: Tailor's `requests` with the spec's requests and limits over them, and
+    `gpus` GPUs, which stay Tailor's. A limit below its request is refused naming `field`, before the API server
+    refuses the pod."""
     own = placement.resources if placement else None
     requests = {**requests, **(own.requests if own else {})}
-    limits = {**limits, **(own.limits if own else {})}
+    limits = dict(own.limits) if own else {}
     for name, limit in limits.items():
         if name in requests and quantity_value(limit) < quantity_value(requests[name]):
             raise Refused(Reason.INVALID_SPEC, f"{field}: the {name} limit {limit} is below its request "
                                                f"{requests[name]} (Tailor's, or the spec's)")
+    if gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus)
     return {"requests": requests, **({"limits": limits} if limits else {})}
 
 

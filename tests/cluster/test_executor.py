@@ -137,6 +137,6 @@ def test_kubectl_logs_reads_an_executor_pod_as_from_a_kubelet(api: client.ApiCli
     assert followed.splitlines() == [f"line {i}" for i in range(1, 7)]
     assert kubectl("logs", "talker", "-n", namespace, "--tail=2").stdout == "line 5\nline 6\n"
     assert core.read_namespaced_pod_log("talker", namespace, limit_bytes=8) == "line 1\nl"
-    # a simulated (kwok) node has no kubelet: the request fails on loopback, naming the node's address
+    # a simulated (kwok) node has no kubelet: its address is loopback too, so a log request for it never leaves
     kwok = next(n for n in core.list_node(label_selector="type=kwok").items)
     assert [a.address for a in kwok.status.addresses if a.type == "InternalIP"] == ["127.0.0.1"]
