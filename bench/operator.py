@@ -3,6 +3,7 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
 
     .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
     .venv/bin/python bench/operator.py --baseline 4825d2d    # that commit's operator, then this one's, side by side
+    .venv/bin/python bench/operator.py --floor               # the floor (bench/floor.py), then this operator
 
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
@@ -11,7 +12,9 @@ reconciler and kopf, by verb), reconciliation passes per object, and the operato
 Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it starts its own in a temporary
 state folder on the same ports. With `--baseline REV`, the same run is made first with the operator of commit REV
 (a git worktree put first on the operator's PYTHONPATH; the devcluster, CRD and workload stay this checkout's),
-then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios.
+then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios. With `--floor`, the
+first run is the floor instead: a minimal controller that does only the writes Tailor must do for the same objects
+and Jobs (`bench/floor.py`); the ratios say how far Tailor is above it, and the audited requests where they go.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def manifest(index: int) -> dict[str, Any]:
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": f"m{index:03d}", "namespace": NAMESPACE}
     spec = body["spec"]
-    spec["jobs"] = {"podAnnotations": published_results()}
+    spec["jobs"]["podAnnotations"] = published_results()  # its 6 x 8 GPUs: the build must fit (pre-flight)
     spec["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
          "concurrency": {"total": 8}},
@@ -88,6 +91,7 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--baseline", help="a commit whose operator runs first, for a side-by-side comparison")
+    parser.add_argument("--floor", action="store_true", help="the floor (bench/floor.py) runs first, side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "operator.json")
     args = parser.parse_args()
     if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
@@ -96,7 +100,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the benchmark's devcluster
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
-        if args.baseline is None:
+        if args.floor:
+            floor = bench(args, Path(scratch) / "floor", None, args.out.with_name(f"{args.out.stem}-floor.png"),
+                          floor=True)
+            current = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
+            report = {"floor": floor, "current": current, "ratiosToFloor": ratios(floor, current)}
+        elif args.baseline is None:
             report = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
         else:
             baseline = bench(args, Path(scratch) / "baseline", baseline_path(args.baseline, Path(scratch)),
@@ -136,52 +145,58 @@ def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float
     def figures(report: dict[str, Any]) -> dict[str, float]:
         out = {f"createToReady.{k}": v for k, v in (report.get("createToReadySeconds") or {}).items()}
         out.update({key: report[key] for key in ("wallSeconds", "apiRequestsPerModel", "reconcilesPerModel",
-                                                 "operatorPeakRssMiB")})
-        out.update({f"audited.{who}": counts["total"] for who, counts in report["auditedRequestsPerModel"].items()})
+                                                 "operatorPeakRssMiB") if key in report})
+        audit = report["auditedRequestsPerModel"]
+        out.update({f"audited.{who}": counts["total"] for who, counts in audit.items()})
+        out["audited.all"] = round(sum(counts["total"] for counts in audit.values()), 1)
         return out
 
     before, after = figures(baseline), figures(current)
-    return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after}
+    return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after if key in before}
 
 
-def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path) -> dict[str, Any]:
-    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline)."""
+def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path, floor: bool = False
+          ) -> dict[str, Any]:
+    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline); `floor`:
+    the floor controller (`bench/floor.py`, a process of its own) instead of the operator."""
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
     layout = cluster.up(pools_file(scratch, args.nodes), audit=True)
-    operator: subprocess.Popen[bytes] | None = None
+    controller: subprocess.Popen[bytes] | None = None
     try:
-            kubectl = [str(Path(cluster.ensure_binaries()) / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
-            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml")],
-                           check=True, capture_output=True)
-            subprocess.run([*kubectl, "wait", "--for=condition=Established", f"crd/{model.PLURAL}.{model.GROUP}"],
-                           check=True, capture_output=True)
-            subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
-            env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
+        kubectl = [str(Path(cluster.ensure_binaries()) / "kubectl"), f"--kubeconfig={layout.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / "compressedmodel.yaml")],
+                       check=True, capture_output=True)
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", f"crd/{model.PLURAL}.{model.GROUP}"],
+                       check=True, capture_output=True)
+        subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
+        env = {**os.environ, "KUBECONFIG": str(layout.kubeconfig)}
+        if floor:
+            command = [sys.executable, str(REPO / "bench" / "floor.py"), "--kubeconfig", str(layout.kubeconfig),
+                       "--namespace", NAMESPACE]
+        else:
             # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which this
             # operator allows only when told (a baseline before the allowlist knows no such flag)
             allow = [] if pythonpath else ["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
             if pythonpath is not None:
                 env["PYTHONPATH"] = str(pythonpath)
-            log = scratch / "operator.log"
-            with log.open("wb") as sink:
-                operator = subprocess.Popen(
-                    [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
-                     "--metrics-port", str(METRICS_PORT), "--liveness-port", "0", "--bind", "127.0.0.1", *allow],
-                    env=env, stdout=sink, stderr=subprocess.STDOUT)
-            time.sleep(3)
-            report = run(layout, args, operator, png)
-            report["auditedRequestsPerModel"] = audited(layout.audit_log, args.models)
+            command = [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
+                       "--metrics-port", str(METRICS_PORT), "--liveness-port", "0", "--bind", "127.0.0.1", *allow]
+        with (scratch / "controller.log").open("wb") as sink:
+            controller = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        time.sleep(3)
+        report = run(layout, args, controller, png, floor)
+        report["auditedRequestsPerModel"] = audited(layout.audit_log, args.models)
     finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=60)
+        if controller is not None:
+            controller.terminate()
+            controller.wait(timeout=60)
         cluster.down(purge=True)
     return report
 
 
-def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.Popen[bytes], png: Path
-        ) -> dict[str, Any]:
+def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess.Popen[bytes], png: Path,
+        floor: bool) -> dict[str, Any]:
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
     objects = client.CustomObjectsApi(api)
     ready: dict[str, float] = {}
@@ -189,15 +204,19 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
     done = threading.Event()
 
     def watch_ready() -> None:
-        stream = watch.Watch()
-        for event in stream.stream(objects.list_namespaced_custom_object, model.GROUP, model.VERSION, NAMESPACE,
-                                   model.PLURAL, timeout_seconds=int(args.timeout)):
-            item = event["object"]
-            name = item["metadata"]["name"]
-            if (item.get("status") or {}).get("phase") == "Ready" and name not in ready:
-                ready[name] = time.monotonic()
-                if len(ready) == args.models:
-                    stream.stop()
+        """Until every object is Ready or the time is up; a watch the API server closes (a slow watcher is cut
+        off under load) is opened again, listing what is there first."""
+        deadline = time.monotonic() + args.timeout
+        while len(ready) < args.models and (left := deadline - time.monotonic()) > 1:
+            stream = watch.Watch()
+            for event in stream.stream(objects.list_namespaced_custom_object, model.GROUP, model.VERSION, NAMESPACE,
+                                       model.PLURAL, timeout_seconds=int(left)):
+                item = event["object"]
+                name = item["metadata"]["name"]
+                if (item.get("status") or {}).get("phase") == "Ready" and name not in ready:
+                    ready[name] = time.monotonic()
+                    if len(ready) == args.models:
+                        stream.stop()
         done.set()
 
     watcher = threading.Thread(target=watch_ready, daemon=True)
@@ -214,37 +233,47 @@ def run(layout: cluster.Layout, args: argparse.Namespace, operator: subprocess.P
             print(f"{len(ready)}/{args.models} Ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
             last_report = time.monotonic()
     seconds = [ready[name] - created[name] for name in ready]
-    stages = stage_seconds(objects)
-    peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{operator.pid}/status").read_text().splitlines()
-                    if line.startswith("VmHWM"))
-    requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
     report: dict[str, Any] = {
         "ready": len(ready), "wallSeconds": round(max(ready.values(), default=started) - started, 1),
         "createToReadySeconds": {"p50": round(statistics.median(seconds), 2), "p90": round(percentile(seconds, 0.9), 2),
                                  "p99": round(percentile(seconds, 0.99), 2), "max": round(max(seconds), 2)}
         if seconds else None,
-        "apiRequestsPerModel": round(requests / args.models, 1), "reconcilesPerModel": round(passes / args.models, 1),
-        "operatorPeakRssMiB": round(peak_kib / 1024, 1), "stageSecondsMedian": stages,
         "secondsToReady": sorted(round(s, 2) for s in seconds)}
+    peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{controller.pid}/status").read_text()
+                    .splitlines() if line.startswith("VmHWM"))
+    report["operatorPeakRssMiB"] = round(peak_kib / 1024, 1)
+    if not floor:  # the floor keeps no metrics and no stages
+        requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
+        report.update(apiRequestsPerModel=round(requests / args.models, 1),
+                      reconcilesPerModel=round(passes / args.models, 1), stageSecondsMedian=stage_seconds(objects))
     plot(seconds, png)
     return report
 
 
 def audited(log: Path, models: int) -> dict[str, Any]:
-    """Requests the API server logged from the operator, per model: its reconciler (user agent
-    tailor-operator/...) and kopf (kopf/...: watches, finalizers, its annotations), by verb."""
-    counts: dict[str, dict[str, int]] = {"reconciler": {}, "kopf": {}}
+    """Requests the API server logged from the controller, per model: the operator's reconciler (user agent
+    tailor-operator/...) and kopf (kopf/...: watches, finalizers, its annotations), or the floor (tailor-floor/...),
+    by verb, and its writes (create, patch, update, delete) by resource."""
+    counts: dict[str, dict[str, int]] = {"reconciler": {}, "kopf": {}, "floor": {}}
+    writes: dict[str, dict[str, int]] = {who: {} for who in counts}
     with log.open() as lines:
         for line in lines:
             entry = json.loads(line)
             agent = entry.get("userAgent", "")
             who = ("reconciler" if agent.startswith("tailor-operator/") else
-                   "kopf" if agent.startswith("kopf/") else None)
-            if who is not None:
-                counts[who][entry["verb"]] = counts[who].get(entry["verb"], 0) + 1
+                   "kopf" if agent.startswith("kopf/") else "floor" if agent.startswith("tailor-floor/") else None)
+            if who is None:
+                continue
+            verb = entry["verb"]
+            counts[who][verb] = counts[who].get(verb, 0) + 1
+            if verb in ("create", "patch", "update", "delete"):
+                ref = entry.get("objectRef", {})
+                key = f"{verb} {ref.get('resource', '?')}{'/' + ref['subresource'] if ref.get('subresource') else ''}"
+                writes[who][key] = writes[who].get(key, 0) + 1
     return {who: {"total": round(sum(verbs.values()) / models, 1),
-                  **{verb: round(n / models, 1) for verb, n in sorted(verbs.items())}}
-            for who, verbs in counts.items()}
+                  **{verb: round(n / models, 1) for verb, n in sorted(verbs.items())},
+                  "writes": {key: round(n / models, 2) for key, n in sorted(writes[who].items())}}
+            for who, verbs in counts.items() if verbs}
 
 
 def stage_seconds(objects: client.CustomObjectsApi) -> dict[str, float]:

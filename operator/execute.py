@@ -1,5 +1,6 @@
 """The thin, effectful side of a pass: observe, `decide`, apply the actions through `Kube`, then write the
-status (only when it changed) and post the Events (only once the status is written).
+status (only when it changed) and queue the Events (only once the status is written; `Kube.event` posts them
+in the background).
 
 A write the API server refuses with a 4xx (other than 404 on a delete and 409 on a create, which mean the
 work is already done) ends the generation in `Failed` with reason ApiRejected, naming the object and the

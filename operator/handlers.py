@@ -1,9 +1,10 @@
 """The kopf wiring: one daemon per CompressedModel runs reconciliation passes; watch events on the object and on
 the Jobs and Deployments it owns wake it; deletion is a finalizer that removes Jobs and revisions first.
 
-The passes themselves (`execute.reconcile`) are synchronous Kubernetes calls, run in a worker thread so the event
-loop keeps serving watches. A failing pass (API down, a conflict that outlived its retries) is logged,
-counted and retried with exponential backoff; the operator never dies of it.
+The passes themselves (`execute.reconcile`) are synchronous Kubernetes calls, run on a pool of worker threads
+(`PASS_WORKERS` at once: a pass mostly waits on the API server, so hundreds of objects need more passes in flight
+than the cores) so the event loop keeps serving watches. A failing pass (API down, a conflict that outlived its
+retries) is logged, counted and retried with exponential backoff; the operator never dies of it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -27,6 +29,7 @@ from tailor.operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
 DEBOUNCE_S = 0.2
+PASS_WORKERS = 24  # passes in flight at once (the API client keeps 32 connections)
 
 
 class Runtime:
@@ -36,6 +39,7 @@ class Runtime:
         self.kube: Kube | None = None
         self.settings = OperatorSettings()
         self.wakeups: dict[str, asyncio.Event] = {}
+        self.passes = ThreadPoolExecutor(max_workers=PASS_WORKERS, thread_name_prefix="pass")
 
     def wake(self, uid: str | None) -> None:
         if uid is not None and (event := self.wakeups.get(uid)) is not None:
@@ -107,7 +111,8 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
             started = time.monotonic()
             assert RUNTIME.kube is not None
             try:
-                outcome = await asyncio.to_thread(reconcile, RUNTIME.kube, namespace, name, RUNTIME.settings)
+                outcome = await asyncio.get_running_loop().run_in_executor(
+                    RUNTIME.passes, reconcile, RUNTIME.kube, namespace, name, RUNTIME.settings)
             except Exception as error:  # the operator outlives any one failure; the next pass retries
                 metrics.RECONCILES.labels(result="error").inc()
                 logger.exception(f"reconcile failed, retrying in {backoff:.0f}s: {error}")

@@ -8,6 +8,8 @@ Every request is counted per CompressedModel for the operator's metrics and the 
 from __future__ import annotations
 
 import json
+import logging
+import queue
 import random
 import threading
 import time
@@ -19,10 +21,14 @@ from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import metrics
 from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.pools import HeldGpus, held_gpus
 
 RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
 ATTEMPTS = 5
-NODES_TTL_S = 10.0
+NODES_TTL_S = 10.0  # and the pods holding GPUs
+SHARED_TTL_S = 300.0  # a namespace's ServiceAccount seen this recently is not created again
+LOG = logging.getLogger(__name__)
+PAGE = 500  # pods per list request: a large cluster's pods are read a page at a time
 
 # Kind -> (api group/version, plural) for the objects the operator owns.
 KINDS = {
@@ -42,9 +48,11 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.requests: Counter[str] = Counter()  # by "namespace/name" of the CompressedModel it served
-        self._nodes: list[dict[str, Any]] = []
-        self._nodes_at = -NODES_TTL_S
-        self._nodes_lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Any]] = {}  # cluster-wide lists shared by all objects
+        self._cache_lock = threading.Lock()
+        self._shared: dict[tuple[str, str], float] = {}  # (namespace, ServiceAccount) -> when last seen there
+        self._events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        threading.Thread(target=self._post_events, name="events", daemon=True).start()
 
     def _call(self, owner: str, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
               content_type: str = "application/json") -> Any:
@@ -112,16 +120,21 @@ class Kube:
         return found
 
     def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Create `manifest`; None when an object of that name already exists."""
+        """Create `manifest`; None when an object of that name already exists. A ServiceAccount (shared by the
+        namespace's models, created with each of their Jobs) seen in the last SHARED_TTL_S is taken as there."""
         meta = manifest["metadata"]
+        shared = (meta["namespace"], meta["name"]) if manifest["kind"] == "ServiceAccount" else None
+        if shared is not None and time.monotonic() - self._shared.get(shared, -SHARED_TTL_S) < SHARED_TTL_S:
+            return None
+        created: dict[str, Any] | None = None
         try:
-            created: dict[str, Any] = self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]),
-                                                 manifest)
-            return created
+            created = self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]), manifest)
         except ApiException as error:
             if error.status != 409:
                 raise
-        return None
+        if shared is not None:
+            self._shared[shared] = time.monotonic()
+        return created
 
     def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(owner, "PATCH", self._path(kind, namespace, name), patch,
@@ -142,17 +155,47 @@ class Kube:
         self._call(owner, "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
                    {"status": status}, content_type="application/merge-patch+json")
 
+    def _cached(self, key: str, read: Any) -> Any:
+        """`read()`, at most once per NODES_TTL_S for all objects."""
+        with self._cache_lock:
+            at, value = self._cache.get(key, (-NODES_TTL_S, None))
+            if time.monotonic() - at > NODES_TTL_S:
+                value = read()
+                self._cache[key] = (time.monotonic(), value)
+            return value
+
     def nodes(self, owner: str) -> list[dict[str, Any]]:
-        """The cluster's Nodes, listed at most once per NODES_TTL_S for all objects (300 nodes are a large
-        response; pools change on the scale of minutes)."""
-        with self._nodes_lock:
-            if time.monotonic() - self._nodes_at > NODES_TTL_S:
-                self._nodes = self._call(owner, "GET", "/api/v1/nodes").get("items", [])
-                self._nodes_at = time.monotonic()
-            return self._nodes
+        """The cluster's Nodes (300 nodes are a large response; pools change on the scale of minutes)."""
+        found: list[dict[str, Any]] = self._cached(
+            "nodes", lambda: self._call(owner, "GET", "/api/v1/nodes").get("items", []))
+        return found
+
+    def gpu_pods(self, owner: str) -> list[HeldGpus] | None:
+        """What every unfinished pod bound to a node holds of its GPUs, in any namespace, read a page at a time
+        and kept only for pods that hold GPUs; None where the operator may not list pods cluster-wide."""
+        def read() -> list[HeldGpus] | None:
+            held: list[HeldGpus] = []
+            token: str | None = None
+            try:
+                while True:
+                    page = self._call(owner, "GET", "/api/v1/pods", query=[
+                        ("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
+                        ("limit", PAGE), *([("continue", token)] if token else [])])
+                    held += [h for pod in page.get("items", []) if (h := held_gpus(pod)) is not None]
+                    if not (token := (page.get("metadata") or {}).get("continue")):
+                        return held
+            except ApiException as error:
+                if error.status == 403:
+                    return None
+                raise
+
+        found: list[HeldGpus] | None = self._cached("gpu-pods", read)
+        return found
 
     def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the CompressedModel (kubectl describe shows it)."""
+        """A core/v1 Event on the CompressedModel (kubectl describe shows it), posted in the background in the
+        order given, as client-go's event recorder does: a pass does not wait on it, and one the API server
+        refuses is logged and dropped."""
         meta = model["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
@@ -162,5 +205,13 @@ class Kube:
                 "type": kind, "reason": reason, "message": message[:1024], "count": 1,
                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "tailor-operator"},
                 "reportingComponent": "tailor.dev/operator", "reportingInstance": "tailor-operator"}
-        self._call(owner, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        self._events.put((owner, body))
+
+    def _post_events(self) -> None:
+        while True:
+            owner, body = self._events.get()
+            try:
+                self._call(owner, "POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
+            except Exception as error:  # an Event is worth a log line, never a failed pass
+                LOG.warning(f"event {body['reason']} on {owner} not posted: {error}")
 

@@ -1,8 +1,8 @@
-"""What one reconciliation pass sees: the object and everything of it the API server holds, read in a few
-list requests (by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's
-batch is taken from them, the termination messages of finished Jobs whose result the status has not taken yet,
-why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's word on a pod), and
-the last lines of each running build stage's log (`progress`).
+"""What one reconciliation pass sees: the object and everything of it the API server holds, read in a few list requests
+(by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's batch is taken from
+them, the GPUs pods hold on nodes when pools are sized, the termination messages of finished Jobs whose result the
+status has not taken yet, why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's
+word on a pod), and the last lines of each running build stage's log (`progress`).
 
 `Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
 """
@@ -19,6 +19,7 @@ from tailor.compressor.buildplan import BUILD_STAGES
 from tailor.operator import names
 from tailor.operator.kube import Kube
 from tailor.operator.placement import KUEUE_QUEUE_LABEL
+from tailor.operator.pools import HeldGpus
 from tailor.operator.progress import LOG_TAIL_LINES
 
 BUILD_KINDS = ("Job", "ConfigMap")
@@ -34,6 +35,7 @@ class Observed:
     objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     claim: dict[str, Any] | None = None  # the claim the object writes to (its own or the existingClaim)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    gpu_pods: list[HeldGpus] | None = field(default_factory=list)  # None: not known (pods not listable)
     results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
@@ -214,5 +216,6 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
+                    gpu_pods=kube.gpu_pods(owner) if needs_nodes and built else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
                     evidence=evidence, logs=logs)

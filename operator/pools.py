@@ -1,19 +1,21 @@
-"""GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from their labels (GPU
-Feature Discovery's product, GKE's accelerator, an instance type or a team's own label, as the GPU profiles name
-them; `node_gpu`), and the cost model's sizing of what the build produced (`Built`: the child's architecture,
-the quantize Job's recipe and KV-cache dtype) on that GPU.
+"""GPU node pools and what each can serve: nodes matched by a pool's selector, their GPU from their labels (GPU Feature
+Discovery's product, GKE's accelerator, an instance type or a team's own label, as the GPU profiles name them;
+`node_gpu`), and the cost model's sizing of what the build produced (`Built`: the child's architecture, the quantize
+Job's recipe and KV-cache dtype) on that GPU.
 
 Only nodes that are Ready and report allocatable GPUs count: a node that is draining, NotReady or whose device
-plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a
-revision it already serves there (node churn must not take serving down). A pool whose GPUs have no FP8
-math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs weight-only
-(W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
-development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or
-the Python fallback engine where it cannot run the model at all (MoE hybrids). Before there is a build, what
-a pool asks of each GPU (`gpu_ask`) gives the build its batch (`resolve.target_batch`).
+plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a revision
+it already serves there (node churn must not take serving down). Of the nodes' allocatable GPUs, those that pods
+bound to the node hold (`HeldGpus`, any namespace's unfinished pods, but not the revision being sized) are not capacity
+either: replicas are capped at what the free GPUs hold, and the status says how many GPUs other pods hold. A pool
+whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs
+weight-only (W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
+development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or the Python
+fallback engine where it cannot run the model at all (MoE hybrids). Before there is a build, what a pool asks of
+each GPU (`gpu_ask`) gives the build its batch (`resolve.target_batch`).
 
-Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live
-cluster and a test's nodes.
+Pure functions over Node objects (as the API returns them, in dict form), so the same code sizes a live cluster and
+a test's nodes.
 """
 
 from __future__ import annotations
@@ -99,6 +101,50 @@ def schedulable(node: dict[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return ready and not (node.get("spec") or {}).get("unschedulable") and allocatable_gpus(node) > 0
+
+
+class HeldGpus(BaseModel):
+    """GPUs a pod bound to a node holds until it finishes, and the labels that tell a Tailor revision's pods."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    namespace: str
+    gpus: int
+    labels: dict[str, str] = {}
+
+
+def _gpus(container: dict[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    value = str((resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(
+        GPU_RESOURCE) or "0")
+    return int(value) if value.isdigit() else 0
+
+
+def held_gpus(pod: dict[str, Any]) -> HeldGpus | None:
+    """What a pod holds, as the scheduler counts it: its containers and sidecars together, or its largest init
+    step if that is more; None for a pod that is not bound, has finished or holds no GPU."""
+    spec, meta = pod.get("spec") or {}, pod["metadata"]
+    if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    inits = spec.get("initContainers") or []
+    sidecars = sum(_gpus(c) for c in inits if c.get("restartPolicy") == "Always")
+    steps = [_gpus(c) for c in inits if c.get("restartPolicy") != "Always"]
+    gpus = max(sum(_gpus(c) for c in spec.get("containers") or []) + sidecars, *steps, 0)
+    if gpus == 0:
+        return None
+    return HeldGpus(node=spec["nodeName"], namespace=meta.get("namespace", ""), gpus=gpus,
+                    labels=meta.get("labels") or {})
+
+
+def held_by_others(pods: list[HeldGpus], namespace: str, revision: dict[str, str]) -> dict[str, int]:
+    """GPUs held per node by pods other than the revision's (`revision`: its pods' labels in `namespace`)."""
+    held: dict[str, int] = {}
+    for pod in pods:
+        if pod.namespace == namespace and all(pod.labels.get(k) == v for k, v in revision.items()):
+            continue
+        held[pod.node] = held.get(pod.node, 0) + pod.gpus
+    return held
 
 
 class PoolNodes(BaseModel):
@@ -203,9 +249,10 @@ def target_concurrency(pool: NodePoolTarget, nodes: int) -> int:
 
 
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
-              catalog: GpuCatalog) -> PoolPlan:
+              catalog: GpuCatalog, held: dict[str, int] | None = None) -> PoolPlan:
     """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
-    concurrency, on the pool's schedulable nodes."""
+    concurrency, on the pool's schedulable nodes and the GPUs other pods leave free there (`held`, per node;
+    None where they are not known: all allocatable GPUs count, and a note says so)."""
     found = pool_nodes(pool, nodes, catalog)
     members = found.members
     plan = PoolPlan(name=pool.name, nodes=sorted(n["metadata"]["name"] for n in members), gpu_product=found.product,
@@ -232,11 +279,20 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     sizing = size(built.arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=plan.gpus_per_node)
     target = target_concurrency(pool, len(members))
     needed = math.ceil(target / sizing.concurrency_per_replica)
-    capacity = sizing.replicas_per_node * len(members)
+    taken = {name: min(held.get(name, 0), allocatable_gpus(node))
+             for node in members if held is not None and (name := node["metadata"]["name"]) in held}
+    capacity = sum((allocatable_gpus(node) - taken.get(node["metadata"]["name"], 0)) // tp for node in members)
     replicas = max(deployment.min_replicas, min(needed, deployment.max_replicas, capacity))
     notes = [*plan.notes, *sizing.warnings]
+    allocatable = sum(map(allocatable_gpus, members))
+    if held is None:
+        notes.append("GPUs other pods hold are not known (the operator may not list pods cluster-wide): all "
+                     f"{allocatable} allocatable GPUs counted as free")
+    elif taken:
+        notes.append(f"other pods hold {sum(taken.values())} of the pool's {allocatable} GPUs (on "
+                     f"{len(taken)} node(s)): room for {capacity} replica(s) of {tp} GPU(s)")
     if needed > min(deployment.max_replicas, capacity):
-        limit = "maxReplicas" if deployment.max_replicas < capacity else "the pool's GPUs"
+        limit = "maxReplicas" if deployment.max_replicas < capacity else "the pool's free GPUs"
         notes.append(f"{target} concurrent requests need {needed} replicas of {sizing.concurrency_per_replica}; "
                      f"{limit} allow {replicas}")
     return plan.model_copy(update={
@@ -245,7 +301,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
         "replicas": replicas, "sizing": sizing, "notes": notes})
 
 
-def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built,
-               catalog: GpuCatalog) -> list[PoolPlan]:
+def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built, catalog: GpuCatalog,
+               held: dict[str, int] | None = None) -> list[PoolPlan]:
     """One plan per pool of the deployment."""
-    return [plan_pool(pool, nodes, built, deployment, catalog) for pool in deployment.pools]
+    return [plan_pool(pool, nodes, built, deployment, catalog, held) for pool in deployment.pools]

@@ -28,11 +28,12 @@ from tailor.operator.deployment import (
     manifests,
     pod_ports,
     pool_scheduling,
+    revision_labels,
     service,
     startup_seconds,
 )
 from tailor.operator.observe import stalled
-from tailor.operator.pools import Built, PoolPlan, plan_pool
+from tailor.operator.pools import Built, PoolPlan, held_by_others, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
 
 REVISION_KINDS = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment")
@@ -84,7 +85,10 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
     current = p.owned("Service", service_name)
     serving = serving_revision(current)
     mine = p.owned("Deployment", names.revision_name(p.name, pool.name, p.generation))
-    sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog)
+    pods = p.world.gpu_pods
+    held = None if pods is None else held_by_others(pods, p.namespace, revision_labels(p.model, pool.name,
+                                                                                         p.generation))
+    sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog, held)
     status = PoolStatus(name=pool.name, gpu_product=sized.gpu_product, engine=sized.engine, notes=sized.notes,
                         gpus_per_replica=sized.tensor_parallel,
                         concurrency_per_gpu=int(sized.concurrency_per_gpu or 0) if sized.sizing else None,

@@ -29,7 +29,7 @@ CUSTOM = {
     "imagePullSecrets": [{"name": "registry"}],
     "jobs": {"image": "registry.example.com/tailor-runtime:0.1.0-rc1", "serviceAccountName": "compress-jobs",
              "claimSize": "500Gi", "imagePullSecrets": [{"name": "registry"}]},
-    "serving": {"serviceAccountName": "triton"},
+    "serving": {"serviceAccountName": "triton", "countHeldGpus": False},
     "gpuProfiles": [{"name": "H100-80GB", "gfdProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"]}],
     "serviceAccount": {"name": "tailor-operator", "annotations": {"example.com/role": "operator"}},
     "operator": {"logLevel": "debug", "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -95,6 +95,9 @@ def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl:
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--all-namespaces" in args and "--image-pull-secret=registry" in args and "--verbose" in args
         assert "--job-service-account=compress-jobs" in args and "--serving-service-account=triton" in args
+        node_reader = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole"
+                           and d["metadata"]["name"].endswith("-nodes"))
+        assert [rule["resources"] for rule in node_reader["rules"]] == [["nodes"]]  # no pods: countHeldGpus off
     elif values:
         roles = [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"]
         assert sorted(roles) == sorted([namespace, "team-a", "team-b"])  # the helm test's Role, then the operator's
@@ -206,6 +209,7 @@ def test_install_test_upgrade_uninstall_and_permissions(
                                ("delete", "persistentvolumeclaims"), ("create", "events")]:
             assert _can(kubectl, account, verb, resource, namespace), f"{verb} {resource} should be granted"
         assert _can(kubectl, account, "list", "nodes", None)
+        assert _can(kubectl, account, "list", "pods", None)  # the GPUs other pods hold (serving.countHeldGpus)
         # not granted: what it never needs
         for verb, resource, where in [
                 ("get", "secrets", namespace), ("list", "secrets", namespace), ("create", "pods/exec", namespace),
@@ -213,7 +217,8 @@ def test_install_test_upgrade_uninstall_and_permissions(
                 ("update", "deployments.apps", namespace), ("patch", "jobs.batch", namespace),
                 ("create", "pods", namespace), ("patch", "nodes", None), ("get", "customresourcedefinitions", None),
                 ("create", "rolebindings.rbac.authorization.k8s.io", namespace),
-                ("create", "jobs.batch", other), ("list", MODELS, other)]:
+                ("create", "jobs.batch", other), ("list", MODELS, other), ("get", "pods", other),
+                ("get", "pods/log", other)]:
             assert not _can(kubectl, account, verb, resource, where), f"{verb} {resource} in {where} is granted"
     finally:
         core.delete_namespace(other)

@@ -253,3 +253,33 @@ def test_pools_are_found_as_gke_eks_and_gfd_label_their_nodes(api: client.ApiCli
                                           label_selector=f"batch.kubernetes.io/job-name=clouds-g1-{stage}").items
         found = catalog.for_node(core.read_node(pod.spec.node_name).metadata.labels)
         assert found is not None and found[0].name == "H100-80GB", (stage, pod.spec.node_name)
+
+
+def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient, namespace: str,
+                                                           operator: Any) -> None:
+    """A pod of another namespace bound to the pool's one node holds 5 of its 8 GPUs: the pool is sized for the
+    3 left (not 8), says who holds the rest, and all 3 replicas run beside that pod."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    (node,) = core.list_node(label_selector="tailor.dev/node-pool=eks-h200").items
+    other = f"{namespace}-other"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        core.create_namespaced_pod(other, {"metadata": {"name": "training"}, "spec": {
+            "nodeName": node.metadata.name,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "train", "image": "example.com/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}})
+        wait_for("kwok to run the pod", lambda: core.read_namespaced_pod("training", other).status.phase == "Running")
+        body = h100_example("busy", published_results())
+        body["spec"]["deployment"]["pools"] = [{"name": "h200", "nodeSelector": {"tailor.dev/node-pool": "eks-h200"},
+                                                "concurrency": {"perNode": 256}}]
+        body["spec"]["deployment"]["maxReplicas"] = 8
+        OBJECTS.create(objects, namespace, body)
+        ready = wait_phase(objects, namespace, "busy", "Ready", operator)
+        (pool,) = ready["status"]["pools"]
+        assert pool["gpusPerReplica"] == 1 and pool["replicas"] == pool["readyReplicas"] == 3, pool
+        assert "other pods hold 5 of the pool's 8 GPUs (on 1 node(s)): room for 3 replica(s)" in " ".join(
+            pool["notes"])
+        assert core.read_namespaced_pod("training", other).status.phase == "Running"
+    finally:
+        core.delete_namespace(other)

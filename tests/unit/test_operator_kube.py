@@ -84,3 +84,58 @@ def test_a_create_that_finds_the_object_there_and_missing_reads_are_none(server:
     assert script.seen == [("POST", JOB)]  # a 409 on create is an answer, not retried
     assert kube.get("ns/m", "Job", "ns", "other") is None
     assert kube.delete("ns/m", "Job", "ns", "other") is False
+
+
+def test_a_namespace_service_account_is_created_once_per_while(server: tuple[Kube, Script],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Job start asks for the namespace's ServiceAccount; one seen there (created or found) is not asked
+    for again until SHARED_TTL_S has passed. Other kinds are always sent."""
+    kube, script = server
+    path = "/api/v1/namespaces/ns/serviceaccounts"
+    script.answers[("POST", path)] = [(409, {"reason": "AlreadyExists"})]
+    script.answers[("POST", "/api/v1/namespaces/other/serviceaccounts")] = [(201, {})]
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tailor-job", "namespace": "ns"}}
+    now = [1000.0]
+    monkeypatch.setattr(kube_module.time, "monotonic", lambda: now[0])
+    for _ in range(3):
+        kube.create("ns/m", account)
+    assert script.seen.count(("POST", path)) == 1
+    now[0] += kube_module.SHARED_TTL_S + 1
+    kube.create("ns/m", account)
+    kube.create("ns/m", {**account, "metadata": {"name": "tailor-job", "namespace": "other"}})
+    assert script.seen.count(("POST", path)) == 2
+    assert ("POST", "/api/v1/namespaces/other/serviceaccounts") in script.seen
+
+
+def test_events_are_posted_in_the_background_and_retried(server: tuple[Kube, Script]) -> None:
+    kube, script = server
+    path = "/api/v1/namespaces/ns/events"
+    script.answers[("POST", path)] = [(500, {}), (201, {})]  # the first is retried, then posted
+    model = {"metadata": {"name": "m", "namespace": "ns", "uid": "u1"}}
+    for reason in ("JobCreated", "Ready"):
+        kube.event("ns/m", model, "Normal", reason, "...")
+    done = threading.Event()
+    for _ in range(100):  # up to 5 s
+        if script.seen.count(("POST", path)) == 3 or done.wait(0.05):
+            break
+    assert script.seen.count(("POST", path)) == 3 and kube.requests["ns/m"] == 3
+
+
+def test_pods_holding_gpus_are_read_a_page_at_a_time_or_are_unknown(server: tuple[Kube, Script]) -> None:
+    """Only bound, unfinished pods with GPUs are kept; a 403 (no cluster-wide pod list) reads as None."""
+    kube, script = server
+
+    def pod(name: str, gpus: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "a"}, "status": {"phase": "Running"},
+                "spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
+
+    script.answers[("GET", "/api/v1/pods")] = [
+        (200, {"items": [pod("p1", "2"), pod("cpu", "0")], "metadata": {"continue": "next"}}),
+        (200, {"items": [pod("p2", "1")], "metadata": {}})]
+    held = kube.gpu_pods("ns/m")
+    assert held is not None and [(h.node, h.gpus) for h in held] == [("n1", 2), ("n1", 1)]
+    assert script.seen.count(("GET", "/api/v1/pods")) == 2
+    assert kube.gpu_pods("ns/m") == held and script.seen.count(("GET", "/api/v1/pods")) == 2  # cached
+    other = Kube(kube.api)
+    script.answers[("GET", "/api/v1/pods")] = [(403, {"reason": "Forbidden"})]
+    assert other.gpu_pods("ns/m") is None

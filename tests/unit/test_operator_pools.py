@@ -17,7 +17,7 @@ from tailor.compressor.serving.engines import Engine
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
-from tailor.operator.pools import Built, PoolPlan, node_gpu
+from tailor.operator.pools import Built, HeldGpus, PoolPlan, held_by_others, held_gpus, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
 
 from corpus import EXAMPLES
@@ -251,3 +251,59 @@ def test_a_pool_sets_its_own_startup_allowance() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["startupProbe"]["failureThreshold"] == 360
     assert deployment["spec"]["progressDeadlineSeconds"] == 3600 + 300
+
+
+def gpu_pod(node: str, gpus: int, namespace: str = "other", labels: dict[str, str] | None = None,
+            phase: str = "Running", **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": f"p-{node}", "namespace": namespace, "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+                     **spec},
+            "status": {"phase": phase}}
+
+
+def test_the_gpus_a_pod_holds_are_counted_as_the_scheduler_counts_them() -> None:
+    """Containers and sidecars add up; a plain init step holds its GPUs only while it runs, so the larger of
+    the two counts; a pod not bound, finished or without GPUs holds none."""
+    sidecar = {"restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    init = {"resources": {"requests": {"nvidia.com/gpu": "8"}}}
+    held = held_gpus(gpu_pod("n1", 1, initContainers=[sidecar]))
+    assert held is not None and (held.node, held.gpus) == ("n1", 3)
+    held = held_gpus(gpu_pod("n1", 1, initContainers=[sidecar, init]))
+    assert held is not None and held.gpus == 8
+    assert held_gpus(gpu_pod("", 4)) is None  # not bound yet
+    assert held_gpus(gpu_pod("n1", 4, phase="Succeeded")) is None
+    assert held_gpus(gpu_pod("n1", 0)) is None
+
+
+def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
+    """Replicas are capped at what the free GPUs hold and the status notes who holds the rest; the revision's own
+    pods are not others; where pods cannot be listed, all allocatable GPUs count and the note says so."""
+    h100_nodes = [n["metadata"]["name"] for n in NODES
+                  if all(n["metadata"]["labels"].get(k) == v for k, v in H100.items())]
+    assert len(h100_nodes) == 2  # 8 GPUs each
+    model = spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 96}}],
+                      maxReplicas=16)
+
+    def sized(held: dict[str, int] | None) -> PoolPlan:
+        target = CATALOG.get(model.spec.compression.target_gpu.value)
+        recipe = recipe_for(resolve_precision(model.spec.quantization.precision, target), CHILD)
+        assert model.spec.deployment is not None
+        (plan,) = plan_deployment(model.spec.deployment, NODES, Built(arch=CHILD, recipe=recipe,
+                                                                       kv_dtype=KvDtype.FP8), CATALOG, held)
+        return plan
+
+    free = sized({})
+    assert (free.tensor_parallel, free.replicas) == (1, 16)  # 192 requests need 24 replicas; 16 GPUs hold 16
+    revision = {"tailor.dev/model": "m", "tailor.dev/revision": "g1"}
+    pods = [HeldGpus(node=h100_nodes[0], namespace="other", gpus=6),
+            HeldGpus(node=h100_nodes[1], namespace="team", gpus=1, labels={**revision, "x": "y"}),  # its own
+            HeldGpus(node=h100_nodes[1], namespace="elsewhere", gpus=4, labels=revision)]  # another "m"
+    held = held_by_others(pods, "team", revision)
+    assert held == {h100_nodes[0]: 6, h100_nodes[1]: 4}
+    busy = sized(held)
+    assert busy.replicas == 6 and "other pods hold 10 of the pool's 16 GPUs (on 2 node(s)): room for 6" in " ".join(
+        busy.notes)
+    assert "the pool's free GPUs allow 6" in busy.notes[-1]
+    assert sized({h100_nodes[0]: 12}).replicas == 8  # more than a node has: that node has none free
+    unknown = sized(None)
+    assert unknown.replicas == 16 and "GPUs other pods hold are not known" in " ".join(unknown.notes)
