@@ -13,6 +13,7 @@ generation and leaves the serving revision alone.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import yaml
 from pydantic import ValidationError
@@ -129,7 +130,7 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
     source = p.build.batch_source  # recorded when the plan was resolved
     if config_map is not None:
         try:
-            plan = BuildPlan.model_validate(yaml.safe_load((config_map.get("data") or {})[PLAN_FILE]))
+            plan = read_plan((config_map.get("data") or {})[PLAN_FILE])
         except (KeyError, yaml.YAMLError, ValidationError) as error:
             raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
                                                f"plan: {error}") from error
@@ -148,6 +149,12 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                 "kv_cache_dtype": plan.kv_cache_dtype.value,
                                                 "target_product": plan.target_product})
     return plan
+
+
+@lru_cache(maxsize=1024)
+def read_plan(text: str) -> BuildPlan:
+    """A plan ConfigMap's plan (immutable, and a frozen model: read once, not on every pass)."""
+    return BuildPlan.model_validate(yaml.safe_load(text))
 
 
 def delete_superseded_jobs(p: Pass) -> None:

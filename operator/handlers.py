@@ -2,9 +2,8 @@
 the Jobs and Deployments it owns wake it; deletion is a finalizer that removes Jobs and revisions first.
 
 The passes themselves (`execute.reconcile`) are synchronous Kubernetes calls, run on a pool of worker threads
-(`PASS_WORKERS` at once: a pass mostly waits on the API server, so hundreds of objects need more passes in flight
-than the cores) so the event loop keeps serving watches. A failing pass (API down, a conflict that outlived its
-retries) is logged, counted and retried with exponential backoff; the operator never dies of it.
+(`PASS_WORKERS` at once) so the event loop keeps serving watches. A failing pass (API down, a conflict that outlived
+its retries) is logged, counted and retried with exponential backoff; the operator never dies of it.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from tailor.operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
 DEBOUNCE_S = 0.2
-PASS_WORKERS = 24  # passes in flight at once (the API client keeps 32 connections)
+PASS_WORKERS = 8  # passes in flight at once: more only adds contention where the API server is the bottleneck
 
 
 class Runtime:

@@ -12,6 +12,7 @@ Times are estimated from FLOPs at an assumed model FLOPs utilisation (`MFU`), no
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -305,13 +306,20 @@ class _Model:
                 "gkd": (6 * self.child_active + 2 * active) * plan.gkd.tokens,
                 "evaluation": 2 * (active + self.child_active) * plan.eval_tokens}
 
+    @cached_property
+    def rank_free(self) -> dict[str, dict[str, int]]:
+        """The stages whose need does not depend on the number of ranks, worked out once (BLD walks every
+        variant of every block) for all the node counts `footprint` tries."""
+        return {"capture": self.capture(), "bld": self.bld(), "assembly": self.assembly(),
+                "evaluation": self.evaluation()}
+
     def needs(self, ranks: int) -> list[StageNeed]:
         runtime = runtime_bytes(self.gpu)
-        flops = self.stage_flops
+        flops, fixed = self.stage_flops, self.rank_free
         stages: list[tuple[StageName, Ranks, dict[str, int]]] = [
-            ("capture", "rank 0", self.capture()), ("bld", "all", self.bld()),
-            ("scoring", "all", self.scoring(ranks)), ("assembly", "rank 0", self.assembly()),
-            ("gkd", "all", self.gkd(ranks)), ("evaluation", "rank 0", self.evaluation())]
+            ("capture", "rank 0", fixed["capture"]), ("bld", "all", fixed["bld"]),
+            ("scoring", "all", self.scoring(ranks)), ("assembly", "rank 0", fixed["assembly"]),
+            ("gkd", "all", self.gkd(ranks)), ("evaluation", "rank 0", fixed["evaluation"])]
         return [StageNeed(stage=name, ranks=who, parts={**parts, "runtime": runtime},
                           peak_bytes=sum(parts.values()) + runtime,
                           seconds=self.seconds(flops[name], ranks if who == "all" else 1))
