@@ -29,6 +29,11 @@ MAX_GENERATION_DIGITS = 6  # names carry g<generation>; the CRD's NAME_BUDGET le
 assert 63 - len("-g") - MAX_GENERATION_DIGITS - len("-package-") == NAME_BUDGET
 
 
+def selects(selector: dict[str, str], labels: dict[str, str] | None) -> bool:
+    """Whether an equality `selector` (matchLabels, a nodeSelector) selects an object with `labels`."""
+    return all((labels or {}).get(key) == value for key, value in selector.items())
+
+
 def model_labels(model: dict[str, Any]) -> dict[str, str]:
     return {**MANAGED, MODEL: model["metadata"]["name"]}
 

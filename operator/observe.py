@@ -210,8 +210,8 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     running = {job["metadata"]["name"] for job in unfinished}
     logs = {job: _log_tail(kube, owner, namespace, pod, container)
             for job, (pod, container) in running_rank0(pods).items() if job in running}
-    evidence = {d["metadata"]["name"]: pod_evidence([pod for pod in pods if all(
-        (pod["metadata"].get("labels") or {}).get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())])
+    evidence = {d["metadata"]["name"]: pod_evidence([
+        pod for pod in pods if names.selects(d["spec"]["selector"]["matchLabels"], pod["metadata"].get("labels"))])
         for d in stalled_revisions}
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)

@@ -31,6 +31,7 @@ from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, 
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
+from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
 from tailor.operator.placement import admits_node
 
@@ -87,13 +88,17 @@ class PoolPlan(BaseModel):
 
 
 def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> list[dict[str, Any]]:
-    return [node for node in nodes
-            if all((node["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
+    return [node for node in nodes if names.selects(selector, node["metadata"].get("labels"))]
+
+
+def gpu_count(quantities: dict[str, Any] | None) -> int:
+    """The whole GPUs a resource list (allocatable, requests, limits) names; 0 when it names none."""
+    value = str((quantities or {}).get(GPU_RESOURCE, "0"))
+    return int(value) if value.isdigit() else 0
 
 
 def allocatable_gpus(node: dict[str, Any]) -> int:
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
-    return int(value) if str(value).isdigit() else 0
+    return gpu_count((node.get("status") or {}).get("allocatable"))
 
 
 def schedulable(node: dict[str, Any]) -> bool:
@@ -115,22 +120,25 @@ class HeldGpus(BaseModel):
 
 
 def _gpus(container: dict[str, Any]) -> int:
+    """A container's GPUs: its limit (extended resources must have one), else its request."""
     resources = container.get("resources") or {}
-    value = str((resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(
-        GPU_RESOURCE) or "0")
-    return int(value) if value.isdigit() else 0
+    return gpu_count(resources.get("limits")) or gpu_count(resources.get("requests"))
 
 
 def held_gpus(pod: dict[str, Any]) -> HeldGpus | None:
-    """What a pod holds, as the scheduler counts it: its containers and sidecars together, or its largest init
-    step if that is more; None for a pod that is not bound, has finished or holds no GPU."""
+    """What a pod holds, as the scheduler counts it: its containers with all its sidecars, or an init step with
+    the sidecars started before it, whichever is more; None for a pod that is not bound, has finished or holds
+    no GPU."""
     spec, meta = pod.get("spec") or {}, pod["metadata"]
     if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    inits = spec.get("initContainers") or []
-    sidecars = sum(_gpus(c) for c in inits if c.get("restartPolicy") == "Always")
-    steps = [_gpus(c) for c in inits if c.get("restartPolicy") != "Always"]
-    gpus = max(sum(_gpus(c) for c in spec.get("containers") or []) + sidecars, *steps, 0)
+    sidecars, steps = 0, [0]
+    for container in spec.get("initContainers") or []:
+        if container.get("restartPolicy") == "Always":
+            sidecars += _gpus(container)
+        else:
+            steps.append(sidecars + _gpus(container))
+    gpus = max(sum(_gpus(c) for c in spec.get("containers") or []) + sidecars, *steps)
     if gpus == 0:
         return None
     return HeldGpus(node=spec["nodeName"], namespace=meta.get("namespace", ""), gpus=gpus,
@@ -141,7 +149,7 @@ def held_by_others(pods: list[HeldGpus], namespace: str, revision: dict[str, str
     """GPUs held per node by pods other than the revision's (`revision`: its pods' labels in `namespace`)."""
     held: dict[str, int] = {}
     for pod in pods:
-        if pod.namespace == namespace and all(pod.labels.get(k) == v for k, v in revision.items()):
+        if pod.namespace == namespace and names.selects(revision, pod.labels):
             continue
         held[pod.node] = held.get(pod.node, 0) + pod.gpus
     return held

@@ -262,14 +262,16 @@ def gpu_pod(node: str, gpus: int, namespace: str = "other", labels: dict[str, st
 
 
 def test_the_gpus_a_pod_holds_are_counted_as_the_scheduler_counts_them() -> None:
-    """Containers and sidecars add up; a plain init step holds its GPUs only while it runs, so the larger of
-    the two counts; a pod not bound, finished or without GPUs holds none."""
+    """Containers and sidecars add up; a plain init step holds its GPUs only while it runs, beside the sidecars
+    started before it, so the larger counts; a pod not bound, finished or without GPUs holds none."""
     sidecar = {"restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
     init = {"resources": {"requests": {"nvidia.com/gpu": "8"}}}
     held = held_gpus(gpu_pod("n1", 1, initContainers=[sidecar]))
     assert held is not None and (held.node, held.gpus) == ("n1", 3)
-    held = held_gpus(gpu_pod("n1", 1, initContainers=[sidecar, init]))
+    held = held_gpus(gpu_pod("n1", 1, initContainers=[init, sidecar]))
     assert held is not None and held.gpus == 8
+    held = held_gpus(gpu_pod("n1", 1, initContainers=[sidecar, init]))  # the sidecar runs beside the init step
+    assert held is not None and held.gpus == 10
     assert held_gpus(gpu_pod("", 4)) is None  # not bound yet
     assert held_gpus(gpu_pod("n1", 4, phase="Succeeded")) is None
     assert held_gpus(gpu_pod("n1", 0)) is None
