@@ -40,6 +40,8 @@ from tailor.devcluster import cluster
 from tailor.devcluster.simulated import published_results
 from tailor.operator import api as model
 
+from baseline import baseline_path, remove_worktree  # bench/baseline.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
 METRICS_PORT = 18080
@@ -113,8 +115,7 @@ def main() -> int:
             current = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
             report = {"baseline": {"commit": args.baseline, **baseline}, "current": current,
                       "ratios": ratios(baseline, current)}
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", f"{scratch}/worktree"],
-                           check=False, capture_output=True)
+            remove_worktree(Path(scratch))
     report.update(nodes=args.nodes, models=args.models, cpus=os.cpu_count())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -125,19 +126,6 @@ def main() -> int:
 def without_samples(report: dict[str, Any]) -> dict[str, Any]:
     return {key: without_samples(value) if isinstance(value, dict) else value for key, value in report.items()
             if key != "secondsToReady"}
-
-
-def baseline_path(commit: str, scratch: Path) -> Path:
-    """A PYTHONPATH entry whose `tailor` package is commit `commit`'s (a worktree, linked like the installed
-    package maps the top-level folders)."""
-    worktree = scratch / "worktree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), commit], check=True,
-                   capture_output=True)
-    package = scratch / "baseline-path" / "tailor"
-    package.mkdir(parents=True)
-    for folder in ("cli", "operator", "compressor", "devcluster"):
-        (package / folder).symlink_to(worktree / folder)
-    return package.parent
 
 
 def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float | None]:
