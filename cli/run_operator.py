@@ -36,7 +36,8 @@ def _operator(args: argparse.Namespace) -> int:
                                         annotation_prefixes=tuple(args.allowed_annotation_prefix
                                                                   or OperatorSettings.annotation_prefixes),
                                         priority_classes=tuple(args.allowed_priority_class or ()),
-                                        queue_name=args.queue_name))
+                                        queue_name=args.queue_name),
+                        namespaces=() if args.all_namespaces else tuple(args.namespace))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     asyncio.run(kopf.operator(

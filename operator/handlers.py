@@ -1,5 +1,8 @@
-"""The kopf wiring: one daemon per CompressedModel runs reconciliation passes; watch events on the object and on
-the Jobs and Deployments it owns wake it; deletion is a finalizer that removes Jobs and revisions first.
+"""The kopf wiring: one daemon per CompressedModel runs reconciliation passes; deletion is a finalizer that removes
+Jobs and revisions first. The operator's watch cache (`watchcache`, one list and watch per kind and watched
+namespace) serves the passes' reads, and its events wake a daemon: a change to the object's spec or its deletion,
+a Job of it that finished or went away, a revision that became available or went away (its own status writes and
+pods starting do not).
 
 The passes themselves (`execute.reconcile`) are synchronous Kubernetes calls, run on a pool of worker threads
 (`PASS_WORKERS` at once) so the event loop keeps serving watches. A failing pass (API down, a conflict that outlived
@@ -23,8 +26,10 @@ from tailor.operator.api import GROUP, PLURAL, VERSION
 from tailor.operator.decision import owned_by
 from tailor.operator.execute import reconcile
 from tailor.operator.kube import Kube
-from tailor.operator.rollout import REVISION_KINDS
+from tailor.operator.observe import job_finished
+from tailor.operator.rollout import REVISION_KINDS, available
 from tailor.operator.settings import OperatorSettings
+from tailor.operator.watchcache import CACHED, Reflector, Store
 
 MAX_BACKOFF_S = 60.0
 DEBOUNCE_S = 0.2
@@ -37,23 +42,26 @@ class Runtime:
     def __init__(self) -> None:
         self.kube: Kube | None = None
         self.settings = OperatorSettings()
+        self.namespaces: tuple[str, ...] = ()  # watched; none: every namespace
         self.wakeups: dict[str, asyncio.Event] = {}
         self.passes = ThreadPoolExecutor(max_workers=PASS_WORKERS, thread_name_prefix="pass")
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def wake(self, uid: str | None) -> None:
-        if uid is not None and (event := self.wakeups.get(uid)) is not None:
-            event.set()
+        """Wake the object's daemon (from any thread)."""
+        if uid is not None and (event := self.wakeups.get(uid)) is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(event.set)
 
 
 RUNTIME = Runtime()
 
 
-def configure(settings: OperatorSettings) -> None:
-    RUNTIME.settings = settings
+def configure(settings: OperatorSettings, namespaces: tuple[str, ...] = ()) -> None:
+    RUNTIME.settings, RUNTIME.namespaces = settings, namespaces
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -65,36 +73,36 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = client.ApiClient(login.load_config())
     api.user_agent = names.USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
-    RUNTIME.kube = Kube(api)
+    cache = Store()
+    RUNTIME.kube, RUNTIME.loop = Kube(api, cache), asyncio.get_running_loop()
+    for kind in CACHED:
+        for namespace in RUNTIME.namespaces or (None,):
+            Reflector(api, cache, kind, Kube.path(kind, namespace), namespace, on_change).start()
 
 
-def _owner_uid(body: kopf.Body) -> str | None:
+def _owner_uid(body: dict[str, Any]) -> str | None:
     return next((ref.get("uid") for ref in body.get("metadata", {}).get("ownerReferences", [])
                  if ref.get("kind") == "CompressedModel"), None)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def on_model_event(uid: str, **_: Any) -> None:
-    RUNTIME.wake(uid)
+def moves_on(kind: str, event: str, before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
+    """Whether a change the watch cache saw is one the object's next pass must act on."""
+    if event == "DELETED":
+        return kind in ("CompressedModel", "Job", "Deployment")
+    if kind == "CompressedModel":  # its spec, or its deletion; not the status its passes write
+        return before is None or before.get("spec") != after.get("spec") or bool(
+            after["metadata"].get("deletionTimestamp"))
+    if kind == "Job":  # finished; not its pods starting
+        return job_finished(after) is not None
+    if kind == "Deployment":  # a revision available
+        return available(after)[0]
+    return False
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=names.MANAGED)
-def on_job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    """A Job that finished or went away moves its owner on; its other updates (pods starting) do not."""
-    finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                   for c in (body.get("status") or {}).get("conditions") or [])
-    if finished or event["type"] == "DELETED":
-        RUNTIME.wake(_owner_uid(body))
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=names.MANAGED)
-def on_deployment_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    """A revision that became available (or went away) moves its owner on."""
-    status, spec = body.get("status") or {}, body.get("spec") or {}
-    available = (status.get("observedGeneration", 0) >= body.get("metadata", {}).get("generation", 1)
-                 and status.get("availableReplicas", 0) >= spec.get("replicas", 1))
-    if available or event["type"] == "DELETED":
-        RUNTIME.wake(_owner_uid(body))
+def on_change(kind: str, event: str, before: dict[str, Any] | None, after: dict[str, Any]) -> None:
+    """Called by the watch cache's threads: wake the owner's daemon when a change moves it on."""
+    if moves_on(kind, event, before, after):
+        RUNTIME.wake(after["metadata"].get("uid") if kind == "CompressedModel" else _owner_uid(after))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)

@@ -1,7 +1,8 @@
 """The few Kubernetes calls the reconciler makes, on the official client, with the semantics it needs:
 creates that take an existing object as done (the next pass observes it and checks its owner), reads
 that return None for a missing object, lists by label, deletes that ignore one already gone, and transient
-errors retried with backoff.
+errors retried with backoff. Given a watch cache (`watchcache.Store`), reads of the kinds it holds are served from
+it once it has listed them, and the operator's writes go into it as the server answers them.
 Every request is counted per CompressedModel for the operator's metrics and the benchmark.
 """
 
@@ -19,9 +20,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tailor.operator import metrics
+from tailor.operator import metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
 from tailor.operator.pools import HeldGpus, held_gpus
+from tailor.operator.watchcache import CACHED, Store
 
 RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
 ATTEMPTS = 5
@@ -45,8 +47,9 @@ KINDS = {
 class Kube:
     """Namespaced reads and writes through the generic dynamic paths of the API server."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, cache: Store | None = None) -> None:
         self.api = api
+        self.cache = cache
         self.requests: Counter[str] = Counter()  # by "namespace/name" of the CompressedModel it served
         self._cache: dict[str, tuple[float, Any]] = {}  # cluster-wide lists shared by all objects
         self._cache_lock = threading.Lock()
@@ -84,28 +87,46 @@ class Kube:
         return json.loads(response.data) if response.data else None
 
     @staticmethod
-    def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        """The kind's objects in `namespace` (None: in every namespace), or one of them."""
         version, plural = KINDS[kind]
         root = "/api/v1" if version == "v1" else f"/apis/{version}"
-        path = f"{root}/namespaces/{namespace}/{plural}"
+        path = f"{root}/namespaces/{namespace}/{plural}" if namespace is not None else f"{root}/{plural}"
         if name is not None:
             path += f"/{name}"
         if subresource is not None:
             path += f"/{subresource}"
         return path
 
+    def _cached_kind(self, kind: str, namespace: str) -> Store | None:
+        return self.cache if self.cache is not None and self.cache.synced(kind, namespace) else None
+
     def get(self, owner: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, from the cache where it holds it (one it does not hold yet, such as a CompressedModel
+        kopf saw first, is read from the server)."""
+        if (cache := self._cached_kind(kind, namespace)) is not None and (held := cache.get(kind, namespace, name)):
+            return held
         try:
-            found: dict[str, Any] = self._call(owner, "GET", self._path(kind, namespace, name))
-            return found
+            found: dict[str, Any] = self._call(owner, "GET", self.path(kind, namespace, name))
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
+        self._remember(kind, found)
+        return found
 
-    def select(self, owner: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    def _remember(self, kind: str, answer: Any) -> None:
+        if self.cache is not None and kind in CACHED and isinstance(answer, dict) and answer.get("metadata"):
+            self.cache.put(kind, answer)
+
+    def select(self, owner: str, kind: str, namespace: str, labels: dict[str, str],
+               fresh: bool = False) -> list[dict[str, Any]]:
+        """The objects with `labels`; `fresh`: from the server even where the cache holds them (the cache's
+        watches of different kinds are not in step with each other)."""
+        if not fresh and (cache := self._cached_kind(kind, namespace)) is not None and names.MODEL in labels:
+            return cache.select(kind, namespace, labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        found = self._call(owner, "GET", self._path(kind, namespace), query=[("labelSelector", selector)])
+        found = self._call(owner, "GET", self.path(kind, namespace), query=[("labelSelector", selector)])
         items: list[dict[str, Any]] = found.get("items", [])
         return items
 
@@ -128,32 +149,37 @@ class Kube:
             return None
         created: dict[str, Any] | None = None
         try:
-            created = self._call(owner, "POST", self._path(manifest["kind"], meta["namespace"]), manifest)
+            created = self._call(owner, "POST", self.path(manifest["kind"], meta["namespace"]), manifest)
         except ApiException as error:
             if error.status != 409:
                 raise
+        self._remember(manifest["kind"], created)
         if shared is not None:
             self._shared[shared] = time.monotonic()
         return created
 
     def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        self._call(owner, "PATCH", self._path(kind, namespace, name), patch,
-                   content_type="application/merge-patch+json")
+        self._remember(kind, self._call(owner, "PATCH", self.path(kind, namespace, name), patch,
+                                        content_type="application/merge-patch+json"))
 
     def delete(self, owner: str, kind: str, namespace: str, name: str) -> bool:
         """Delete (children in the background); False when it was already gone."""
         try:
-            self._call(owner, "DELETE", self._path(kind, namespace, name),
+            self._call(owner, "DELETE", self.path(kind, namespace, name),
                        {"propagationPolicy": "Background"})
+            deleted = True
         except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+            if error.status != 404:
+                raise
+            deleted = False
+        if self.cache is not None:
+            self.cache.forget(kind, namespace, name)
+        return deleted
 
     def patch_status(self, owner: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._call(owner, "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
-                   {"status": status}, content_type="application/merge-patch+json")
+        self._remember("CompressedModel", self._call(
+            owner, "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+            {"status": status}, content_type="application/merge-patch+json"))
 
     def _cached(self, key: str, read: Any) -> Any:
         """`read()`, at most once per NODES_TTL_S for all objects."""

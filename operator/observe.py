@@ -1,5 +1,6 @@
-"""What one reconciliation pass sees: the object and everything of it the API server holds, read in a few list requests
-(by the `tailor.dev/model` label), plus the claim, the nodes when pools are sized or the build's batch is taken from
+"""What one reconciliation pass sees: the object and everything of it the API server holds, selected by the
+`tailor.dev/model` label from the operator's watch cache (or listed, while the cache has not listed a kind), plus
+the claim, the nodes when pools are sized or the build's batch is taken from
 them, the GPUs pods hold on nodes when pools are sized, the termination messages of finished Jobs whose result the
 status has not taken yet, why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's
 word on a pod), and the last lines of each running build stage's log (`progress`).
@@ -200,9 +201,9 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     pods: list[dict[str, Any]] = []
     unfinished = [job for job in objects["Job"].values() if job_finished(job) is None]
     waiting_jobs = [job for job in unfinished if not (job.get("status") or {}).get("ready")]
-    if stalled_revisions or unfinished or any(job_finished(job) and not _taken(job, status)
-                                              for job in objects["Job"].values()):
-        pods = kube.select(owner, "Pod", namespace, selector)
+    untaken = any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values())
+    if stalled_revisions or unfinished or untaken:  # a finished Job's result: its pods as the server has them now
+        pods = kube.select(owner, "Pod", namespace, selector, fresh=untaken)
     waiting = unschedulable(pods)
     for job in waiting_jobs:
         if (job.get("spec") or {}).get("suspend"):

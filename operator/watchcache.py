@@ -1,0 +1,217 @@
+"""The operator's read cache, as client-go's informers keep one: per kind a pass reads, one list and then one watch
+(per watched namespace, or cluster-wide) keep a copy of every CompressedModel and of every object carrying the
+`tailor.dev/model` label, so a pass reads memory instead of listing each kind per pass.
+
+- The operator's own writes go in as the API server answers them (`Store.put`, `Store.forget`), so the next pass
+  sees what the last one did even when the watch has not brought it yet; an event older than what the store holds
+  (by resourceVersion, etcd's revision) is dropped, and an object the operator deleted stays out until the watch
+  says it is gone.
+- A watch the server ends is reopened from the last resourceVersion seen (bookmarks keep it current); one that
+  is too old (410 Gone) or fails is listed again, with backoff.
+- Until a kind's first list is in, or while it cannot be listed (RBAC), `Store.synced` is False and the reader
+  asks the API server instead.
+- `on_change` is called from the watch thread for every event that changed the store, never for the operator's own
+  writes: it is how passes are woken (`handlers`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tailor.operator import metrics, names
+
+LOG = logging.getLogger(__name__)
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; it is reopened where it ended
+PAGE = 500
+MAX_BACKOFF_S = 30.0
+# Kind -> the label selector of what is cached (None: every object of the kind).
+CACHED = {"CompressedModel": None, "Job": names.MODEL, "ConfigMap": names.MODEL, "Deployment": names.MODEL,
+          "Service": names.MODEL, "Pod": names.MODEL, "PersistentVolumeClaim": names.MODEL}
+
+Key = tuple[str, str, str]  # kind, namespace, name
+Change = Callable[[str, str, dict[str, Any] | None, dict[str, Any]], None]  # kind, event type, before, after
+
+
+def _version(obj: dict[str, Any]) -> int:
+    """An object's resourceVersion as a number (etcd's revision; 0 where it is not one)."""
+    found = str(obj["metadata"].get("resourceVersion") or "")
+    return int(found) if found.isdigit() else 0
+
+
+def _key(kind: str, obj: dict[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return kind, meta.get("namespace", ""), meta["name"]
+
+
+class Store:
+    """The cached objects by kind, namespace and name; thread-safe. Reads return copies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[Key, dict[str, Any]] = {}
+        self._deleted: set[str] = set()  # uids the operator deleted whose DELETED event has not come yet
+        self._synced: set[tuple[str, str | None]] = set()  # (kind, namespace or None for all) listed
+
+    def synced(self, kind: str, namespace: str) -> bool:
+        return (kind, None) in self._synced or (kind, namespace) in self._synced
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._objects.get((kind, namespace, name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def select(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(obj) for (k, ns, _), obj in self._objects.items()
+                    if k == kind and ns == namespace and names.selects(labels, obj["metadata"].get("labels"))]
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        """What the API server answered to the operator's own create or patch."""
+        self.apply(kind, "MODIFIED", obj)
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """An object the operator deleted: out now, and kept out until its DELETED event."""
+        with self._lock:
+            gone = self._objects.pop((kind, namespace, name), None)
+            if gone is not None:
+                self._deleted.add(gone["metadata"]["uid"])
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """A watch event (ADDED, MODIFIED, DELETED) or a write's answer. Returns what the store held before when
+        the event changed it (an empty dict for a new object), None when it was stale or already known."""
+        key, uid = _key(kind, obj), obj["metadata"].get("uid")
+        with self._lock:
+            held = self._objects.get(key)
+            same = held is not None and held["metadata"].get("uid") == uid
+            if event == "DELETED":
+                self._deleted.discard(uid)
+                if same:
+                    return self._objects.pop(key)
+                return None
+            if uid in self._deleted or (same and _version(held) >= _version(obj)):  # type: ignore[arg-type]
+                return None
+            self._objects[key] = obj
+            return held if held is not None else {}
+
+    def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]], version: int) -> None:
+        """A fresh list of the kind (in `namespace`, or everywhere): it replaces what was held, except the
+        operator's writes newer than the list."""
+        with self._lock:
+            listed = {_key(kind, obj): obj for obj in items}
+            for key in [k for k in self._objects if k[0] == kind and namespace in (None, k[1])]:
+                if key not in listed and _version(self._objects[key]) <= version:
+                    del self._objects[key]
+            for key, obj in listed.items():
+                held = self._objects.get(key)
+                if held is None or _version(held) < _version(obj) or held["metadata"].get("uid") != obj[
+                        "metadata"].get("uid"):
+                    self._objects[key] = obj
+            self._deleted.intersection_update(obj["metadata"]["uid"] for obj in items)
+            self._synced.add((kind, namespace))
+
+    def unsync(self, kind: str, namespace: str | None) -> None:
+        self._synced.discard((kind, namespace))
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class Reflector:
+    """One kind in one scope: list, then watch from the list's resourceVersion, forever, on a daemon thread."""
+
+    def __init__(self, api: client.ApiClient, store: Store, kind: str, path: str, namespace: str | None,
+                 on_change: Change) -> None:
+        self.api, self.store, self.kind, self.path, self.namespace = api, store, kind, path, namespace
+        self.on_change = on_change
+        selector = CACHED[kind]
+        self.query: list[tuple[str, Any]] = [("labelSelector", selector)] if selector else []
+        self.thread = threading.Thread(target=self._run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                version = self._list()
+                backoff = 1.0
+                while True:
+                    version = self._watch(version)
+            except Gone:
+                LOG.info(f"watch of {self.kind} in {self.namespace or 'all namespaces'} expired: listing again")
+            except Exception as error:  # the cache outlives any one failure: the readers ask the server meanwhile
+                self.store.unsync(self.kind, self.namespace)
+                LOG.warning(f"watch of {self.kind} in {self.namespace or 'all namespaces'} failed, listing again "
+                            f"in {backoff:.0f}s: {error}")
+                time.sleep(backoff * (0.5 + random.random()))
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    def _get(self, query: list[tuple[str, Any]], timeout: float) -> Any:
+        metrics.API_REQUESTS.inc()
+        method, url, headers, payload, _ = self.api.param_serialize(
+            "GET", self.path, query_params=self.query + query, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json"})
+        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()  # type: ignore[no-untyped-call]
+            raise ApiException(status=response.status, reason=response.reason,
+                               body=response.data.decode(errors="replace") if response.data else None)
+        return response.response
+
+    def _list(self) -> int:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            response = self._get([("limit", PAGE), *([("continue", token)] if token else [])], 60)
+            page = json.loads(response.read())
+            response.release_conn()
+            items += page.get("items", [])
+            if not (token := (page.get("metadata") or {}).get("continue")):
+                break
+        version = int(page["metadata"]["resourceVersion"])
+        for obj in items:  # a list's items carry no kind
+            obj.setdefault("kind", self.kind)
+        self.store.replace(self.kind, self.namespace, items, version)
+        return version
+
+    def _events(self, version: int) -> Iterator[dict[str, Any]]:
+        stream = self._get([("watch", "true"), ("resourceVersion", str(version)), ("allowWatchBookmarks", "true"),
+                            ("timeoutSeconds", WATCH_TIMEOUT_S)], WATCH_TIMEOUT_S + 30)
+        try:
+            buffer = b""
+            for chunk in stream.stream(65536, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            stream.release_conn()
+
+    def _watch(self, version: int) -> int:
+        """Apply events until the server ends the watch; the resourceVersion to reopen it from."""
+        for event in self._events(version):
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise Gone()
+                raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+            version = max(version, _version(obj))
+            if kind == "BOOKMARK":
+                continue
+            before = self.store.apply(self.kind, str(kind), obj)
+            if before is not None:
+                self.on_change(self.kind, str(kind), before or None, obj)
+        return version

@@ -1,0 +1,61 @@
+"""The operator's watch cache against the real API server: it lists, then follows a watch; the operator's own
+writes are in it before their events, and wake nothing; a watch the server ends is reopened where it ended."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from kubernetes import client
+
+from tailor.operator import watchcache
+from tailor.operator.kube import Kube
+from tailor.operator.watchcache import Reflector, Store
+
+from conftest import wait_for
+
+LABELS = {"tailor.dev/model": "cached"}
+
+
+def config_map(name: str, namespace: str, data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": data},
+            "metadata": {"name": name, "namespace": namespace, "labels": LABELS}}
+
+
+def test_the_cache_follows_the_server_and_the_operators_writes(api: client.ApiClient, namespace: str,
+                                                                monkeypatch: Any) -> None:
+    monkeypatch.setattr(watchcache, "WATCH_TIMEOUT_S", 2)  # the server ends each watch after 2 s
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(namespace, config_map("before", namespace, "1"))
+    store, seen, lock = Store(), [], threading.Lock()
+
+    def changed(kind: str, event: str, before: dict[str, Any] | None, after: dict[str, Any]) -> None:
+        with lock:
+            seen.append((event, after["metadata"]["name"], after.get("data", {}).get("k")))
+
+    reflector = Reflector(api, store, "ConfigMap", Kube.path("ConfigMap", namespace), namespace, changed)
+    reflector.start()
+    wait_for("the first list", lambda: store.synced("ConfigMap", namespace), timeout_s=30)
+    assert [o["data"] for o in store.select("ConfigMap", namespace, LABELS)] == [{"k": "1"}]
+    kube = Kube(api, store)
+    assert kube.select("o", "ConfigMap", namespace, LABELS)[0]["metadata"]["name"] == "before"
+    assert kube.requests["o"] == 0  # read from the cache
+
+    kube.create("o", config_map("written", namespace, "2"))
+    assert store.get("ConfigMap", namespace, "written") is not None  # at once, before its watch event
+    core.patch_namespaced_config_map("before", namespace, {"data": {"k": "3"}})  # another writer's change
+    wait_for("another writer's change", lambda: ("MODIFIED", "before", "3") in seen, timeout_s=30)
+    assert ("ADDED", "written", "2") not in seen  # the operator's own write wakes nothing
+
+    unlabelled = config_map("unlabelled", namespace, "4")
+    unlabelled["metadata"]["labels"] = {}
+    core.create_namespaced_config_map(namespace, unlabelled)
+    kube.delete("o", "ConfigMap", namespace, "written")
+    assert store.get("ConfigMap", namespace, "written") is None
+    time.sleep(3 * watchcache.WATCH_TIMEOUT_S)  # the server has ended the watch at least once
+    core.patch_namespaced_config_map("before", namespace, {"data": {"k": "5"}})
+    wait_for("a change after the watch was reopened", lambda: ("MODIFIED", "before", "5") in seen, timeout_s=30)
+    assert reflector.thread.is_alive() and store.synced("ConfigMap", namespace)
+    assert {o["metadata"]["name"] for o in store.select("ConfigMap", namespace, LABELS)} == {"before"}
+    assert store.get("ConfigMap", namespace, "unlabelled") is None  # outside the label: never cached
