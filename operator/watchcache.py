@@ -54,11 +54,13 @@ def _key(kind: str, obj: dict[str, Any]) -> Key:
 
 
 class Store:
-    """The cached objects by kind, namespace and name; thread-safe. Reads return copies."""
+    """The cached objects by kind, namespace and name, indexed by the model label; thread-safe. Reads return
+    copies."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
+        self._of_model: dict[Key, set[str]] = {}  # (kind, namespace, tailor.dev/model) -> names
         self._deleted: set[str] = set()  # uids the operator deleted whose DELETED event has not come yet
         self._synced: set[tuple[str, str | None]] = set()  # (kind, namespace or None for all) listed
 
@@ -71,9 +73,27 @@ class Store:
             return copy.deepcopy(found) if found is not None else None
 
     def select(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The objects with `labels`, which name a model."""
         with self._lock:
-            return [copy.deepcopy(obj) for (k, ns, _), obj in self._objects.items()
-                    if k == kind and ns == namespace and names.selects(labels, obj["metadata"].get("labels"))]
+            found = (self._objects[kind, namespace, name]
+                     for name in self._of_model.get((kind, namespace, labels[names.MODEL]), ()))
+            return [copy.deepcopy(obj) for obj in found if names.selects(labels, obj["metadata"].get("labels"))]
+
+    def _set(self, key: Key, obj: dict[str, Any]) -> None:
+        if key in self._objects:
+            self._drop(key)
+        self._objects[key] = obj
+        if (model := (obj["metadata"].get("labels") or {}).get(names.MODEL)) is not None:
+            self._of_model.setdefault((key[0], key[1], model), set()).add(key[2])
+
+    def _drop(self, key: Key) -> dict[str, Any]:
+        obj = self._objects.pop(key)
+        if (model := (obj["metadata"].get("labels") or {}).get(names.MODEL)) is not None:
+            members = self._of_model[key[0], key[1], model]
+            members.discard(key[2])
+            if not members:
+                del self._of_model[key[0], key[1], model]
+        return obj
 
     def put(self, kind: str, obj: dict[str, Any]) -> None:
         """What the API server answered to the operator's own create or patch."""
@@ -82,9 +102,8 @@ class Store:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         """An object the operator deleted: out now, and kept out until its DELETED event."""
         with self._lock:
-            gone = self._objects.pop((kind, namespace, name), None)
-            if gone is not None:
-                self._deleted.add(gone["metadata"]["uid"])
+            if (kind, namespace, name) in self._objects:
+                self._deleted.add(self._drop((kind, namespace, name))["metadata"]["uid"])
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> dict[str, Any] | None:
         """A watch event (ADDED, MODIFIED, DELETED) or a write's answer. Returns what the store held before when
@@ -95,12 +114,10 @@ class Store:
             same = held is not None and held["metadata"].get("uid") == uid
             if event == "DELETED":
                 self._deleted.discard(uid)
-                if same:
-                    return self._objects.pop(key)
-                return None
+                return self._drop(key) if same else None
             if uid in self._deleted or (same and _version(held) >= _version(obj)):  # type: ignore[arg-type]
                 return None
-            self._objects[key] = obj
+            self._set(key, obj)
             return held if held is not None else {}
 
     def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]], version: int) -> None:
@@ -110,12 +127,12 @@ class Store:
             listed = {_key(kind, obj): obj for obj in items}
             for key in [k for k in self._objects if k[0] == kind and namespace in (None, k[1])]:
                 if key not in listed and _version(self._objects[key]) <= version:
-                    del self._objects[key]
+                    self._drop(key)
             for key, obj in listed.items():
                 held = self._objects.get(key)
                 if held is None or _version(held) < _version(obj) or held["metadata"].get("uid") != obj[
                         "metadata"].get("uid"):
-                    self._objects[key] = obj
+                    self._set(key, obj)
             self._deleted.intersection_update(obj["metadata"]["uid"] for obj in items)
             self._synced.add((kind, namespace))
 

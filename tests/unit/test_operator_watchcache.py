@@ -73,6 +73,11 @@ def test_select_matches_labels_and_returns_copies() -> None:
     assert [o["metadata"]["name"] for o in found] == ["a"]
     found[0]["metadata"]["name"] = "mutated by a pass"
     assert store.get("Job", "ns", "a") is not None
+    relabelled = obj("a", 7)
+    relabelled["metadata"]["labels"] = {"tailor.dev/model": "n"}
+    store.apply("Job", "MODIFIED", relabelled)
+    assert store.select("Job", "ns", LABELS) == []
+    assert sorted(o["metadata"]["name"] for o in store.select("Job", "ns", {"tailor.dev/model": "n"})) == ["a", "b"]
 
 
 def test_passes_wake_on_spec_changes_finished_jobs_and_available_revisions_only() -> None:
