@@ -23,7 +23,7 @@ from kubernetes import client
 
 from tailor.operator import login, metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
-from tailor.operator.decision import owned_by
+from tailor.operator.decision import PROGRESS_REQUEUE_S, owned_by
 from tailor.operator.execute import reconcile
 from tailor.operator.kube import Kube
 from tailor.operator.observe import job_finished
@@ -34,6 +34,7 @@ from tailor.operator.watchcache import CACHED, Reflector, Store
 MAX_BACKOFF_S = 60.0
 DEBOUNCE_S = 0.2
 PASS_WORKERS = 8  # passes in flight at once: more only adds contention where the API server is the bottleneck
+PROGRESS_PASSES_PER_S = 5.0  # the running builds' progress passes, all together: the rest of the time is for events
 
 
 class Runtime:
@@ -44,6 +45,7 @@ class Runtime:
         self.settings = OperatorSettings()
         self.namespaces: tuple[str, ...] = ()  # watched; none: every namespace
         self.wakeups: dict[str, asyncio.Event] = {}
+        self.progressing: set[str] = set()  # objects whose build runs: their passes look at its log
         self.passes = ThreadPoolExecutor(max_workers=PASS_WORKERS, thread_name_prefix="pass")
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -105,6 +107,16 @@ def on_change(kind: str, event: str, before: dict[str, Any] | None, after: dict[
         RUNTIME.wake(after["metadata"].get("uid") if kind == "CompressedModel" else _owner_uid(after))
 
 
+def progress_spaced(uid: str, requeue_s: float) -> float:
+    """The pass's requeue time; for a running build's look at its log, spaced so that all running builds
+    together take at most PROGRESS_PASSES_PER_S passes a second (200 builds: one look each 40 s)."""
+    if requeue_s != PROGRESS_REQUEUE_S:
+        RUNTIME.progressing.discard(uid)
+        return requeue_s
+    RUNTIME.progressing.add(uid)
+    return max(requeue_s, len(RUNTIME.progressing) / PROGRESS_PASSES_PER_S)
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
 async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, uid: str, logger: kopf.Logger,
               **_: Any) -> None:
@@ -129,12 +141,13 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
                     return
                 metrics.RECONCILES.labels(result="ok").inc()
                 metrics.observe(uid, outcome.phase, time.monotonic() - started)
-                delay, backoff = outcome.requeue_s, 1.0
+                delay, backoff = progress_spaced(uid, outcome.requeue_s), 1.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), timeout=delay)
                 await asyncio.sleep(DEBOUNCE_S)  # let a burst of events (a Job and its pods) settle into one pass
     finally:
         RUNTIME.wakeups.pop(uid, None)
+        RUNTIME.progressing.discard(uid)
         metrics.forget(uid)
 
 

@@ -82,6 +82,9 @@ class Store:
     def _set(self, key: Key, obj: dict[str, Any]) -> None:
         if key in self._objects:
             self._drop(key)
+        obj["metadata"].pop("managedFields", None)  # what no pass reads is not kept: a third of an object
+        if key[0] == "Pod":
+            obj.pop("spec", None)  # a pass reads a pod's metadata and status only
         self._objects[key] = obj
         if (model := (obj["metadata"].get("labels") or {}).get(names.MODEL)) is not None:
             self._of_model.setdefault((key[0], key[1], model), set()).add(key[2])

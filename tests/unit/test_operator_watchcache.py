@@ -1,12 +1,13 @@
-"""The watch cache's store: which of a watch's events and the operator's own writes it keeps, and when a change
-wakes a pass (`handlers.moves_on`). The list-and-watch itself runs against the real API server in
-tests/cluster/test_operator.py."""
+"""The watch cache's store: which of a watch's events and the operator's own writes it keeps, and what of them;
+when a change wakes a pass (`handlers.moves_on`), and how often running builds' passes look at their logs. The
+list-and-watch itself runs against the real API server in tests/cluster/test_watchcache.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tailor.operator.handlers import moves_on
+from tailor.operator.decision import PROGRESS_REQUEUE_S
+from tailor.operator.handlers import PROGRESS_PASSES_PER_S, RUNTIME, moves_on, progress_spaced
 from tailor.operator.watchcache import Store
 
 LABELS = {"tailor.dev/model": "m"}
@@ -103,3 +104,26 @@ def test_passes_wake_on_spec_changes_finished_jobs_and_available_revisions_only(
         "observedGeneration": 2, "availableReplicas": 3, "updatedReplicas": 3}})
     assert not moves_on("Pod", "MODIFIED", None, obj("p", 3))
     assert not moves_on("ConfigMap", "DELETED", None, obj("c", 3))
+
+
+def test_what_no_pass_reads_is_not_kept() -> None:
+    store = Store()
+    pod = obj("p", 3, spec={"containers": [{"name": "compress"}]}, status={"phase": "Running"})
+    pod["metadata"]["managedFields"] = [{"manager": "kube-scheduler"}]
+    store.apply("Pod", "ADDED", pod)
+    kept = store.get("Pod", "ns", "p")
+    assert kept is not None and "spec" not in kept and "managedFields" not in kept["metadata"]
+    assert kept["status"] == {"phase": "Running"}
+    store.apply("Job", "ADDED", obj("j", 3, spec={"parallelism": 6}))
+    assert store.get("Job", "ns", "j")["spec"] == {"parallelism": 6}  # type: ignore[index]
+
+
+def test_running_builds_look_at_their_logs_at_most_so_often_all_together() -> None:
+    RUNTIME.progressing.clear()
+    assert progress_spaced("a", 30.0) == 30.0  # not a running build: its own requeue
+    assert progress_spaced("a", PROGRESS_REQUEUE_S) == PROGRESS_REQUEUE_S  # one build: every 10 s
+    for uid in range(199):
+        progress_spaced(str(uid), PROGRESS_REQUEUE_S)
+    assert progress_spaced("a", PROGRESS_REQUEUE_S) == 200 / PROGRESS_PASSES_PER_S  # 200 builds: 40 s each
+    assert progress_spaced("a", 300.0) == 300.0 and len(RUNTIME.progressing) == 199  # its build ended
+    RUNTIME.progressing.clear()
