@@ -206,7 +206,9 @@ def test_install_test_upgrade_uninstall_and_permissions(
         # granted: what the lifecycle uses, in the watched namespace
         for verb, resource in [("patch", f"{MODELS}"), ("patch", f"{MODELS}/status"), ("create", "jobs.batch"),
                                ("watch", "deployments.apps"), ("create", "serviceaccounts"),
-                               ("delete", "persistentvolumeclaims"), ("create", "events")]:
+                               ("delete", "persistentvolumeclaims"), ("create", "events"),
+                               *[("watch", kind) for kind in ("configmaps", "services", "pods", "jobs.batch",
+                                                              "persistentvolumeclaims", MODELS)]]:
             assert _can(kubectl, account, verb, resource, namespace), f"{verb} {resource} should be granted"
         assert _can(kubectl, account, "list", "nodes", None)
         assert _can(kubectl, account, "list", "pods", None)  # the GPUs other pods hold (serving.countHeldGpus)
@@ -218,6 +220,7 @@ def test_install_test_upgrade_uninstall_and_permissions(
                 ("create", "pods", namespace), ("patch", "nodes", None), ("get", "customresourcedefinitions", None),
                 ("create", "rolebindings.rbac.authorization.k8s.io", namespace),
                 ("create", "jobs.batch", other), ("list", MODELS, other), ("get", "pods", other),
+                ("watch", "pods", other), ("watch", "configmaps", other),
                 ("get", "pods/log", other)]:
             assert not _can(kubectl, account, verb, resource, where), f"{verb} {resource} in {where} is granted"
     finally:
