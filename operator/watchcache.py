@@ -6,12 +6,12 @@
   sees what the last one did even when the watch has not brought it yet; an event older than what the store holds
   (by resourceVersion, etcd's revision) is dropped, and an object the operator deleted stays out until the watch
   says it is gone.
-- A watch the server ends is reopened from the last resourceVersion seen (bookmarks keep it current); one that
-  is too old (410 Gone) or fails is listed again, with backoff.
+- A watch the server ends (or whose connection drops) is reopened from the last resourceVersion seen (bookmarks
+  keep it current); one that is too old (410 Gone) or fails otherwise is listed again, with backoff.
 - Until a kind's first list is in, or while it cannot be listed (RBAC), `Store.synced` is False and the reader
   asks the API server instead.
-- `on_change` is called from the watch thread for every event that changed the store, never for the operator's own
-  writes: it is how passes are woken (`handlers`).
+- `on_change` is called from the watch thread for every event that changed the store (not for an event of the
+  operator's own write that came after the server's answer): it is how passes are woken (`handlers`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import json
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ProtocolError
 
 from tailor.operator import metrics, names
 
@@ -157,17 +157,22 @@ class Reflector:
         selector = CACHED[kind]
         self.query: list[tuple[str, Any]] = [("labelSelector", selector)] if selector else []
         self.thread = threading.Thread(target=self._run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
+        self.stopped = threading.Event()
 
     def start(self) -> None:
         self.thread.start()
 
+    def stop(self) -> None:
+        """Stop once the open watch ends (the operator's never stop; a test's do)."""
+        self.stopped.set()
+
     def _run(self) -> None:
         backoff = 1.0
-        while True:
+        while not self.stopped.is_set():
             try:
                 version = self._list()
                 backoff = 1.0
-                while True:
+                while not self.stopped.is_set():
                     version = self._watch(version)
             except Gone:
                 LOG.info(f"watch of {self.kind} in {self.namespace or 'all namespaces'} expired: listing again")
@@ -175,7 +180,7 @@ class Reflector:
                 self.store.unsync(self.kind, self.namespace)
                 LOG.warning(f"watch of {self.kind} in {self.namespace or 'all namespaces'} failed, listing again "
                             f"in {backoff:.0f}s: {error}")
-                time.sleep(backoff * (0.5 + random.random()))
+                self.stopped.wait(backoff * (0.5 + random.random()))
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
     def _get(self, query: list[tuple[str, Any]], timeout: float) -> Any:
@@ -217,6 +222,8 @@ class Reflector:
                 for line in lines:
                     if line.strip():
                         yield json.loads(line)
+        except ProtocolError:  # the connection ended without the stream's last chunk: reopen where it was
+            return
         finally:
             stream.release_conn()
 

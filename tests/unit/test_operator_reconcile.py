@@ -21,7 +21,7 @@ from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
-from tailor.operator.decision import Decision
+from tailor.operator.decision import ACTED_REQUEUE_S, PROGRESS_REQUEUE_S, SETTLED_REQUEUE_S, Decision
 from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
@@ -1000,3 +1000,13 @@ def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
     compress = status["stages"][0]
     assert (compress["progress"], compress["message"]) == (0.268, "round 2/3: bld 412/1,536, eta 3h10m")
     assert status["progress"] == "Compress 27%"
+
+
+def test_a_pass_that_wrote_objects_looks_again_soon_and_a_running_build_every_few_seconds(kube: FakeKube) -> None:
+    """Its own status writes wake no pass: after creating a Job, the next pass is what sees Kueue suspend it or
+    the scheduler refuse its pods; while it runs, progress passes read its log."""
+    kube.apply(manifest())
+    assert step(kube).requeue_s == ACTED_REQUEUE_S  # created the claim, plan and compress Job
+    assert step(kube).requeue_s == PROGRESS_REQUEUE_S  # nothing written: the build runs
+    assert drive(kube, "Ready").requeue_s == ACTED_REQUEUE_S  # the speed Job created as it became Ready
+    assert step(kube).requeue_s == SETTLED_REQUEUE_S
