@@ -75,11 +75,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = client.ApiClient(login.load_config())
     api.user_agent = names.USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
-    cache = Store()
-    RUNTIME.kube, RUNTIME.loop = Kube(api, cache), asyncio.get_running_loop()
+    RUNTIME.kube, RUNTIME.loop = Kube(api, Store()), asyncio.get_running_loop()
     for kind in CACHED:
         for namespace in RUNTIME.namespaces or (None,):
-            Reflector(api, cache, kind, Kube.path(kind, namespace), namespace, on_change).start()
+            Reflector(RUNTIME.kube, kind, namespace, on_change).start()
 
 
 def _owner_uid(body: dict[str, Any]) -> str | None:

@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client
@@ -30,7 +31,7 @@ ATTEMPTS = 5
 NODES_TTL_S = 10.0  # and the pods holding GPUs
 SHARED_TTL_S = 300.0  # a namespace's ServiceAccount seen this recently is not created again
 LOG = logging.getLogger(__name__)
-PAGE = 500  # pods per list request: a large cluster's pods are read a page at a time
+PAGE = 500  # objects per list request: a large cluster's pods are read a page at a time
 
 # Kind -> (api group/version, plural) for the objects the operator owns.
 KINDS = {
@@ -72,19 +73,41 @@ class Kube:
                 time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
-    def _request(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str,
-                 text: bool = False) -> Any:
+    def _open(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str,
+              timeout: float = 60) -> Any:
+        """One request: the urllib3 response, its body not read yet (a watch streams it); ApiException unless 2xx."""
         method, url, headers, payload, _ = self.api.param_serialize(
             method, path, query_params=query, body=body, auth_settings=["BearerToken"],
             header_params={"Accept": "application/json", "Content-Type": content_type})
-        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=60)
-        response.read()  # type: ignore[no-untyped-call]
+        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
         if not 200 <= response.status <= 299:
+            response.read()  # type: ignore[no-untyped-call]
             raise ApiException(status=response.status, reason=response.reason,
                                body=response.data.decode(errors="replace") if response.data else None)
+        return response.response
+
+    def _request(self, method: str, path: str, body: Any, query: list[tuple[str, Any]], content_type: str,
+                 text: bool = False) -> Any:
+        data = self._open(method, path, body, query, content_type).data
         if text:
-            return response.data.decode(errors="replace") if response.data else ""
-        return json.loads(response.data) if response.data else None
+            return data.decode(errors="replace") if data else ""
+        return json.loads(data) if data else None
+
+    def pages(self, owner: str, path: str, query: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+        """A list read a page (PAGE items) at a time."""
+        token: str | None = None
+        while True:
+            page: dict[str, Any] = self._call(owner, "GET", path, query=[
+                *query, ("limit", PAGE), *([("continue", token)] if token else [])])
+            yield page
+            if not (token := (page.get("metadata") or {}).get("continue")):
+                return
+
+    def watch(self, owner: str, path: str, query: list[tuple[str, Any]], timeout: float) -> Any:
+        """A watch request's open response, to stream its events from (not retried: the caller lists again)."""
+        self.requests[owner] += 1
+        metrics.API_REQUESTS.inc()
+        return self._open("GET", path, None, query, "application/json", timeout)
 
     @staticmethod
     def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
@@ -201,15 +224,11 @@ class Kube:
         and kept only for pods that hold GPUs; None where the operator may not list pods cluster-wide."""
         def read() -> list[HeldGpus] | None:
             held: list[HeldGpus] = []
-            token: str | None = None
             try:
-                while True:
-                    page = self._call(owner, "GET", "/api/v1/pods", query=[
-                        ("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
-                        ("limit", PAGE), *([("continue", token)] if token else [])])
+                for page in self.pages(owner, "/api/v1/pods", [
+                        ("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")]):
                     held += [h for pod in page.get("items", []) if (h := held_gpus(pod)) is not None]
-                    if not (token := (page.get("metadata") or {}).get("continue")):
-                        return held
+                return held
             except ApiException as error:
                 if error.status == 403:
                     return None

@@ -22,17 +22,19 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
-from tailor.operator import metrics, names
+from tailor.operator import names
+
+if TYPE_CHECKING:
+    from tailor.operator.kube import Kube
 
 LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; it is reopened where it ended
-PAGE = 500
+OWNER = "watch-cache"  # what the cache's requests are counted under (`Kube.requests`)
 MAX_BACKOFF_S = 30.0
 # Kind -> the label selector of what is cached (None: every object of the kind).
 CACHED = {"CompressedModel": None, "Job": names.MODEL, "ConfigMap": names.MODEL, "Deployment": names.MODEL,
@@ -148,12 +150,13 @@ class Gone(Exception):
 
 
 class Reflector:
-    """One kind in one scope: list, then watch from the list's resourceVersion, forever, on a daemon thread."""
+    """One kind in one scope: list, then watch from the list's resourceVersion, forever, on a daemon thread,
+    through `kube` into its cache."""
 
-    def __init__(self, api: client.ApiClient, store: Store, kind: str, path: str, namespace: str | None,
-                 on_change: Change) -> None:
-        self.api, self.store, self.kind, self.path, self.namespace = api, store, kind, path, namespace
-        self.on_change = on_change
+    def __init__(self, kube: Kube, kind: str, namespace: str | None, on_change: Change) -> None:
+        assert kube.cache is not None
+        self.kube, self.store, self.kind, self.namespace = kube, kube.cache, kind, namespace
+        self.path, self.on_change = kube.path(kind, namespace), on_change
         selector = CACHED[kind]
         self.query: list[tuple[str, Any]] = [("labelSelector", selector)] if selector else []
         self.thread = threading.Thread(target=self._run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
@@ -183,28 +186,10 @@ class Reflector:
                 self.stopped.wait(backoff * (0.5 + random.random()))
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
-    def _get(self, query: list[tuple[str, Any]], timeout: float) -> Any:
-        metrics.API_REQUESTS.inc()
-        method, url, headers, payload, _ = self.api.param_serialize(
-            "GET", self.path, query_params=self.query + query, auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json"})
-        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
-        if not 200 <= response.status <= 299:
-            response.read()  # type: ignore[no-untyped-call]
-            raise ApiException(status=response.status, reason=response.reason,
-                               body=response.data.decode(errors="replace") if response.data else None)
-        return response.response
-
     def _list(self) -> int:
         items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            response = self._get([("limit", PAGE), *([("continue", token)] if token else [])], 60)
-            page = json.loads(response.read())
-            response.release_conn()
+        for page in self.kube.pages(OWNER, self.path, self.query):
             items += page.get("items", [])
-            if not (token := (page.get("metadata") or {}).get("continue")):
-                break
         version = int(page["metadata"]["resourceVersion"])
         for obj in items:  # a list's items carry no kind
             obj.setdefault("kind", self.kind)
@@ -212,8 +197,9 @@ class Reflector:
         return version
 
     def _events(self, version: int) -> Iterator[dict[str, Any]]:
-        stream = self._get([("watch", "true"), ("resourceVersion", str(version)), ("allowWatchBookmarks", "true"),
-                            ("timeoutSeconds", WATCH_TIMEOUT_S)], WATCH_TIMEOUT_S + 30)
+        stream = self.kube.watch(OWNER, self.path, [
+            *self.query, ("watch", "true"), ("resourceVersion", str(version)), ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", WATCH_TIMEOUT_S)], WATCH_TIMEOUT_S + 30)
         try:
             buffer = b""
             for chunk in stream.stream(65536, decode_content=True):

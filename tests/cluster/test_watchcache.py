@@ -34,11 +34,11 @@ def test_the_cache_follows_the_server_and_the_operators_writes(api: client.ApiCl
         with lock:
             seen.append((event, after["metadata"]["name"], after.get("data", {}).get("k")))
 
-    reflector = Reflector(api, store, "ConfigMap", Kube.path("ConfigMap", namespace), namespace, changed)
+    kube = Kube(api, store)
+    reflector = Reflector(kube, "ConfigMap", namespace, changed)
     reflector.start()
     wait_for("the first list", lambda: store.synced("ConfigMap", namespace), timeout_s=30)
     assert [o["data"] for o in store.select("ConfigMap", namespace, LABELS)] == [{"k": "1"}]
-    kube = Kube(api, store)
     assert kube.select("o", "ConfigMap", namespace, LABELS)[0]["metadata"]["name"] == "before"
     assert kube.requests["o"] == 0  # read from the cache
 
