@@ -8,7 +8,8 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
 `tailor_api_requests_total`) and, from the API server's audit log, everything the operator process sent (its
-reconciler and kopf, by verb), reconciliation passes per object, and the operator's peak resident memory (VmHWM).
+reconciler and kopf, by verb), reconciliation passes per object, the operator's peak resident memory (VmHWM), and
+the CPU seconds of the operator and of each devcluster component (where a 2-core machine's time went).
 Plots the create-to-Ready distribution. Refuses to run while a devcluster is up: it starts its own in a temporary
 state folder on the same ports. With `--baseline REV`, the same run is made first with the operator of commit REV
 (a git worktree put first on the operator's PYTHONPATH; the devcluster, CRD and workload stay this checkout's),
@@ -137,6 +138,9 @@ def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float
         audit = report["auditedRequestsPerModel"]
         out.update({f"audited.{who}": counts["total"] for who, counts in audit.items()})
         out["audited.all"] = round(sum(counts["total"] for counts in audit.values()), 1)
+        cpu = report.get("cpuSeconds") or {}
+        out.update({f"cpu.{name}": seconds for name, seconds in cpu.items()})
+        out["cpu.all"] = round(sum(cpu.values()), 1)
         return out
 
     before, after = figures(baseline), figures(current)
@@ -230,12 +234,27 @@ def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess
     peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{controller.pid}/status").read_text()
                     .splitlines() if line.startswith("VmHWM"))
     report["operatorPeakRssMiB"] = round(peak_kib / 1024, 1)
+    report["cpuSeconds"] = cpu_seconds(layout, controller.pid)
     if not floor:  # the floor keeps no metrics and no stages
         requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
         report.update(apiRequestsPerModel=round(requests / args.models, 1),
                       reconcilesPerModel=round(passes / args.models, 1), stageSecondsMedian=stage_seconds(objects))
     plot(seconds, png)
     return report
+
+
+def cpu_seconds(layout: cluster.Layout, controller: int) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used since it started: the controller (operator or floor)
+    and each devcluster component, read from /proc at the end of the run; on a machine this small they share its
+    cores, so what one uses the others wait for."""
+    pids = {"controller": controller, **{name: pid for name in cluster.COMPONENTS
+                                         if (pid := cluster.running_pid(layout, name)) is not None}}
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        found[name] = round((int(fields[11]) + int(fields[12])) / ticks, 1)  # utime, stime
+    return found
 
 
 def audited(log: Path, models: int) -> dict[str, Any]:

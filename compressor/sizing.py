@@ -55,6 +55,8 @@ class Footprint(BaseModel):
 class Sizing(BaseModel):
     """The answer `tailor size` prints and the operator uses to shape deployments."""
 
+    model_config = ConfigDict(frozen=True)  # the operator keeps one per build and GPU (`pools.SIZINGS`)
+
     model: str
     gpu: str
     context: int

@@ -45,6 +45,7 @@ from tailor.operator.settings import OperatorSettings
 from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, start_job
 
 MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
+NO_POD_YET = "waiting for a pod"  # a stage Job's message until its pods run (as created: no status write after)
 
 
 # --- the pass ------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
             if room is not None:
                 p.event("ClaimChecked", f"the build writes up to {room.total / 1e9:,.0f} GB ({room.describe()}) on "
                                         f"{claim_of(p, spec)} of {capacity}")
-            progress.job_name, progress.state, progress.message = name, "Running", "Job created"
+            progress.job_name, progress.state, progress.message = name, "Running", NO_POD_YET
             progress.started_at = progress.started_at or p.world.now
             return False
         progress.job_name, progress.state = name, "Running"
@@ -208,7 +209,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
             step = None if why else parse_progress(p.world.logs.get(name, ""))
             progress.progress = None if step is None else round(step.share, 3)
             progress.message = why or (step.describe(spec.compression.rounds if stage == "compress" else None)
-                                       if step else f"{active} pod(s) running" if active else "waiting for a pod")
+                                       if step else f"{active} pod(s) running" if active else NO_POD_YET)
             return False
         if not message and name not in p.world.with_pods:
             message = read_back(p, spec, plan, stage, name)

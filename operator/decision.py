@@ -19,7 +19,7 @@ from tailor.operator.settings import OperatorSettings
 WAITING_REQUEUE_S = 30.0  # a safety net: Job and Deployment events wake the object sooner
 PROGRESS_REQUEUE_S = 10.0  # while a build stage runs: its log's steps bring no event, so look again this soon
 SETTLED_REQUEUE_S = 300.0
-ACTED_REQUEUE_S = 1.0  # after a pass that wrote objects: look soon at what they led to (a Job Kueue suspends)
+QUEUED_REQUEUE_S = 1.0  # after creating a Job suspended for Kueue: look soon at its Workload (which wakes nothing)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,9 @@ class Pass:
             else f"{active.name}: {active.reason}" if active.reason else None)
         self.status.observed_generation = self.generation
         settled = phase in ("Ready", "Failed")
-        requeue = ACTED_REQUEUE_S if self.actions else SETTLED_REQUEUE_S if settled else PROGRESS_REQUEUE_S if (
+        queued = any(isinstance(action, Create) and action.manifest["kind"] == "Job"
+                     and action.manifest["spec"].get("suspend") for action in self.actions)
+        requeue = QUEUED_REQUEUE_S if queued else SETTLED_REQUEUE_S if settled else PROGRESS_REQUEUE_S if (
             active and active.state == "Running") else WAITING_REQUEUE_S
         return Decision(self.status, self.actions, self.events, phase, requeue)
 

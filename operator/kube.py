@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
-from tailor.operator.pools import HeldGpus, held_gpus
+from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
 from tailor.operator.watchcache import CACHED, Store
 
 RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
@@ -213,10 +213,10 @@ class Kube:
                 self._cache[key] = (time.monotonic(), value)
             return value
 
-    def nodes(self, owner: str) -> list[dict[str, Any]]:
+    def nodes(self, owner: str) -> NodeSnapshot:
         """The cluster's Nodes (300 nodes are a large response; pools change on the scale of minutes)."""
-        found: list[dict[str, Any]] = self._cached(
-            "nodes", lambda: self._call(owner, "GET", "/api/v1/nodes").get("items", []))
+        found: NodeSnapshot = self._cached(
+            "nodes", lambda: NodeSnapshot(self._call(owner, "GET", "/api/v1/nodes").get("items", [])))
         return found
 
     def gpu_pods(self, owner: str) -> list[HeldGpus] | None:

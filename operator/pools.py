@@ -21,7 +21,10 @@ a test's nodes.
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,6 +37,8 @@ from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
 from tailor.operator.placement import admits_node
+
+T = TypeVar("T")
 
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"  # GFD: single or mixed where MIG partitions the node's GPUs
 MEMORY_TOLERANCE = 0.05  # a node's reported GPU memory this far from its profile's is another GPU
@@ -85,6 +90,48 @@ class PoolPlan(BaseModel):
                            tensor_parallel=self.sizing.tensor_parallel,
                            max_batch_size=self.max_num_seqs(), engine=self.engine,
                            quantized=self.quantized, sizing=self.sizing)
+
+
+class NodeSnapshot(list[dict[str, Any]]):
+    """The cluster's Nodes as read at one moment and never changed afterwards (the operator reads them once per
+    `kube.NODES_TTL_S` for every pass): what a pool makes of them is worked out once and kept with them."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        super().__init__(nodes)
+        self._derived: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def derived(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._derived:
+                found: T = self._derived[key]
+                return found
+        value = compute()
+        with self._lock:
+            self._derived[key] = value
+        return value
+
+
+class IdentityMemo:
+    """Results of a pure function of frozen objects, by those objects' identity and small hashable extras. Each
+    entry holds its objects, so an id is not reused while its entry lives; the oldest entries go first."""
+
+    def __init__(self, size: int) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], Any]] = OrderedDict()
+        self._size, self._lock = size, threading.Lock()
+
+    def get(self, objects: tuple[object, ...], extras: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        key = (tuple(map(id, objects)), extras)
+        with self._lock:
+            if key in self._entries:
+                found: T = self._entries[key][1]
+                return found
+        value = compute()
+        with self._lock:
+            self._entries[key] = (objects, value)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return value
 
 
 def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> list[dict[str, Any]]:
@@ -159,7 +206,7 @@ class PoolNodes(BaseModel):
     """A pool's Ready, schedulable nodes, their one GPU (the label value that named it, and its profile), the
     fewest GPUs any of them has; or why the pool is skipped."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     members: list[dict[str, Any]] = []
     product: str | None = None
@@ -191,7 +238,14 @@ def node_gpu(node: dict[str, Any], catalog: GpuCatalog) -> tuple[GpuProfile | No
 
 
 def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> PoolNodes:
-    """What of `nodes` the pool can serve on: the rules sizing and the build's batch both follow."""
+    """What of `nodes` the pool can serve on: the rules sizing and the build's batch both follow (worked out once
+    per snapshot of the nodes and pool)."""
+    if isinstance(nodes, NodeSnapshot):
+        return nodes.derived((pool.model_dump_json(), id(catalog)), lambda: _pool_nodes(pool, nodes, catalog))
+    return _pool_nodes(pool, nodes, catalog)
+
+
+def _pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCatalog) -> PoolNodes:
     matched = matching_nodes(nodes, pool.node_selector)
     ready = [node for node in matched if schedulable(node)]
     if not matched:
@@ -256,6 +310,19 @@ def target_concurrency(pool: NodePoolTarget, nodes: int) -> int:
     return total
 
 
+SIZINGS = IdentityMemo(256)  # by the build (one `Built` per build: `rollout.built`), GPU and recipe
+
+
+def _sizing(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe, kv: KvDtype,
+            gpus_per_node: int) -> Sizing | str:
+    """The smallest tensor-parallel group that holds a request, sized; or why none within a node does."""
+    try:
+        tp = smallest_tensor_parallel(arch, gpu, context, recipe, kv, RuntimeReserve(), gpus_per_node)
+    except ValueError as error:
+        return f"{error} ({recipe.name} weights, {kv.value} KV cache)"
+    return size(arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=gpus_per_node)
+
+
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
               catalog: GpuCatalog, held: dict[str, int] | None = None) -> PoolPlan:
     """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
@@ -279,12 +346,11 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     if (why_not := no_quantized_math(gpu, recipe.precision)) is not None:
         return plan.model_copy(update={"skipped": why_not})
     plan = plan.model_copy(update={"gpu_profile": gpu.name, "recipe": recipe.name, "kv_dtype": kv})
-    context = deployment.context_length
-    try:
-        tp = smallest_tensor_parallel(built.arch, gpu, context, recipe, kv, RuntimeReserve(), plan.gpus_per_node)
-    except ValueError as error:
-        return plan.model_copy(update={"skipped": f"{error} ({recipe.name} weights, {kv.value} KV cache)"})
-    sizing = size(built.arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=plan.gpus_per_node)
+    sizing = SIZINGS.get((built, gpu, recipe), (deployment.context_length, kv, plan.gpus_per_node), lambda: _sizing(
+        built.arch, gpu, deployment.context_length, recipe, kv, plan.gpus_per_node))
+    if isinstance(sizing, str):
+        return plan.model_copy(update={"skipped": sizing})
+    tp = sizing.tensor_parallel
     target = target_concurrency(pool, len(members))
     needed = math.ceil(target / sizing.concurrency_per_replica)
     taken = {name: min(held.get(name, 0), allocatable_gpus(node))

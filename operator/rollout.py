@@ -10,6 +10,7 @@ the generation; the previous revision keeps serving.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from tailor.compressor.architecture import architecture_from_config
@@ -45,8 +46,15 @@ def built(p: Pass) -> Built:
     if build.child_config is None or build.recipe is None or build.kv_cache_dtype is None:
         raise Refused(Reason.INVALID_RESULT, "the build recorded no child config, recipe or KV-cache dtype to size "
                                              "deployments with")
-    arch = architecture_from_config(unpack_config(build.child_config), f"status.build.childConfig of {p.name}")
-    return Built(arch=arch, recipe=RECIPES[build.recipe], kv_dtype=KvDtype(build.kv_cache_dtype))
+    return read_built(build.child_config, build.recipe, build.kv_cache_dtype, p.name)
+
+
+@lru_cache(maxsize=1024)
+def read_built(child_config: str, recipe: str, kv_cache_dtype: str, name: str) -> Built:
+    """One `Built` per build, read once (not on every pass), so that sizings of it are kept by its identity
+    (`pools.SIZINGS`)."""
+    arch = architecture_from_config(unpack_config(child_config), f"status.build.childConfig of {name}")
+    return Built(arch=arch, recipe=RECIPES[recipe], kv_dtype=KvDtype(kv_cache_dtype))
 
 
 def available(deployment: dict[str, Any], floor: int | None = None) -> tuple[bool, int]:

@@ -14,10 +14,11 @@ from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
+from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
-from tailor.operator.pools import Built, HeldGpus, PoolPlan, held_by_others, held_gpus, node_gpu
+from tailor.operator.pools import Built, HeldGpus, NodeSnapshot, PoolPlan, held_by_others, held_gpus, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
 
 from corpus import EXAMPLES
@@ -309,3 +310,38 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     assert sized({h100_nodes[0]: 12}).replicas == 8  # more than a node has: that node has none free
     unknown = sized(None)
     assert unknown.replicas == 16 and "GPUs other pods hold are not known" in " ".join(unknown.notes)
+
+
+def test_what_a_pool_makes_of_a_node_snapshot_and_a_build_is_worked_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator reads the nodes once per `NODES_TTL_S` for every pass: a pool's view of that snapshot, and the
+    sizing of one build on one GPU, are computed once; nodes read again, or another build, are worked out anew."""
+    calls = {"_pool_nodes": 0, "_sizing": 0}
+    for name in calls:
+        real = getattr(pools, name)
+        monkeypatch.setattr(pools, name, lambda *args, real=real, name=name: calls.__setitem__(name, calls[name] + 1)
+                            or real(*args))
+    model = spec_with("nemotron-super-b200", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 64}}],
+                      contextLength=1_000_000)
+    deployment = model.spec.deployment
+    assert deployment is not None
+    target = CATALOG.get(model.spec.compression.target_gpu.value)
+    build = Built(arch=CHILD, recipe=recipe_for(resolve_precision(model.spec.quantization.precision, target), CHILD),
+                  kv_dtype=KvDtype.FP8)
+    snapshot = NodeSnapshot(NODES)
+    first, again = (plan_deployment(deployment, snapshot, build, CATALOG) for _ in range(2))
+    assert first == again and first[0].concurrency_per_gpu == 8
+    assert calls == {"_pool_nodes": 1, "_sizing": 1}
+    plan_deployment(deployment, NodeSnapshot(NODES), build, CATALOG)  # the nodes read again
+    plan_deployment(deployment, NODES, build, CATALOG)  # a plain list (a test's nodes) is never kept
+    assert calls == {"_pool_nodes": 3, "_sizing": 1}
+    plan_deployment(deployment, snapshot, build.model_copy(), CATALOG)  # an equal build, read again
+    assert calls == {"_pool_nodes": 3, "_sizing": 2}
+
+
+def test_an_identity_memo_keeps_its_newest_entries_and_never_mixes_objects_up() -> None:
+    memo, computed = pools.IdentityMemo(2), []
+    first, second, third = object(), object(), object()
+    for thing in (first, second, first, third, first):
+        memo.get((thing,), ("x",), lambda thing=thing: computed.append(thing) or id(thing))
+    assert computed == [first, second, third, first]  # `first` was the oldest entry when `third` came
+    assert memo.get((second,), ("y",), lambda: "other extras") == "other extras"

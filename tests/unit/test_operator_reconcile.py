@@ -21,7 +21,7 @@ from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
-from tailor.operator.decision import ACTED_REQUEUE_S, PROGRESS_REQUEUE_S, SETTLED_REQUEUE_S, Decision
+from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Decision
 from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
@@ -1002,11 +1002,18 @@ def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
     assert status["progress"] == "Compress 27%"
 
 
-def test_a_pass_that_wrote_objects_looks_again_soon_and_a_running_build_every_few_seconds(kube: FakeKube) -> None:
-    """Its own status writes wake no pass: after creating a Job, the next pass is what sees Kueue suspend it or
-    the scheduler refuse its pods; while it runs, progress passes read its log."""
+def test_a_pass_looks_again_when_it_has_cause_and_writes_the_status_only_when_it_says_more(kube: FakeKube) -> None:
+    """Its own writes wake no pass: a created Job is looked at again when it finishes (an event) or at the next
+    progress pass, which writes nothing while there is nothing new to say; only a Job created suspended for Kueue
+    is looked at again at once (its Workload, which says why it waits, wakes nothing)."""
     kube.apply(manifest())
-    assert step(kube).requeue_s == ACTED_REQUEUE_S  # created the claim, plan and compress Job
-    assert step(kube).requeue_s == PROGRESS_REQUEUE_S  # nothing written: the build runs
-    assert drive(kube, "Ready").requeue_s == ACTED_REQUEUE_S  # the speed Job created as it became Ready
-    assert step(kube).requeue_s == SETTLED_REQUEUE_S
+    assert step(kube).requeue_s == PROGRESS_REQUEUE_S  # created the claim, plan and compress Job
+    statuses = sum(1 for verb, _, _ in kube.writes if verb == "status")
+    assert step(kube).requeue_s == PROGRESS_REQUEUE_S  # the build runs
+    assert sum(1 for verb, _, _ in kube.writes if verb == "status") == statuses  # still waiting for a pod
+    assert drive(kube, "Ready").requeue_s == SETTLED_REQUEUE_S  # the speed Job's end will wake it
+    queued = FakeKube()
+    body = manifest(name="q")
+    body["spec"]["jobs"]["queueName"] = "gpu-builds"
+    queued.apply(body)
+    assert step(queued, "q").requeue_s == QUEUED_REQUEUE_S
