@@ -167,9 +167,11 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
             command = [sys.executable, str(REPO / "bench" / "floor.py"), "--kubeconfig", str(layout.kubeconfig),
                        "--namespace", NAMESPACE]
         else:
-            # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which this
-            # operator allows only when told (a baseline before the allowlist knows no such flag)
-            allow = [] if pythonpath else ["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
+            # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which the
+            # operator allows only when told (an operator from before the allowlist knows no such flag)
+            cli = (pythonpath / "tailor" if pythonpath else REPO) / "cli" / "run_operator.py"
+            allow = (["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
+                     if "--allowed-annotation-prefix" in cli.read_text() else [])
             if pythonpath is not None:
                 env["PYTHONPATH"] = str(pythonpath)
             command = [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
