@@ -58,6 +58,18 @@ class Runtime:
 RUNTIME = Runtime()
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's record of the spec it last handled, kept nowhere: the operator has no create or update handlers (its
+    daemon reconciles from the spec itself), so the record would only cost each object a patch and a copy of its
+    spec in an annotation."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure(settings: OperatorSettings, namespaces: tuple[str, ...] = ()) -> None:
     RUNTIME.settings, RUNTIME.namespaces = settings, namespaces
 
@@ -66,7 +78,7 @@ def configure(settings: OperatorSettings, namespaces: tuple[str, ...] = ()) -> N
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING  # the reconciler posts its own Events
     settings.watching.server_timeout = 300  # watches are restarted at least this often
     settings.watching.client_timeout = 330

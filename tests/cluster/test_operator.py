@@ -35,6 +35,9 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     OBJECTS.create(objects, namespace, example("super", published_results()))
     ready = wait_phase(objects, namespace, "super", "Ready", operator)
     status = ready["status"]
+    # kopf keeps its finalizer there and no copy of the spec it last handled (the operator has no update handlers)
+    assert ready["metadata"]["finalizers"] == ["tailor.dev/finalizer"]
+    assert not [key for key in ready["metadata"].get("annotations") or {} if key.startswith("tailor.dev/")]
     pools = {p["name"]: p for p in status["pools"]}
     assert pools["h100"]["concurrencyPerGpu"] == 8  # the published 8 concurrent 1M-token requests per H100
     assert pools["h100"]["gpusPerReplica"] == 1 and pools["h100"]["replicas"] == 4  # 2 nodes x 16 / 8
