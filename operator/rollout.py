@@ -46,14 +46,14 @@ def built(p: Pass) -> Built:
     if build.child_config is None or build.recipe is None or build.kv_cache_dtype is None:
         raise Refused(Reason.INVALID_RESULT, "the build recorded no child config, recipe or KV-cache dtype to size "
                                              "deployments with")
-    return read_built(build.child_config, build.recipe, build.kv_cache_dtype, p.name)
+    return read_built(build.child_config, build.recipe, build.kv_cache_dtype)
 
 
-@lru_cache(maxsize=1024)
-def read_built(child_config: str, recipe: str, kv_cache_dtype: str, name: str) -> Built:
-    """One `Built` per build, read once (not on every pass), so that sizings of it are kept by its identity
-    (`pools.SIZINGS`)."""
-    arch = architecture_from_config(unpack_config(child_config), f"status.build.childConfig of {name}")
+@lru_cache(maxsize=256)
+def read_built(child_config: str, recipe: str, kv_cache_dtype: str) -> Built:
+    """One `Built` per distinct build, read once (not on every pass; objects that built the same child share it),
+    so that sizings of it are kept by its identity (`pools.SIZINGS`)."""
+    arch = architecture_from_config(unpack_config(child_config), "status.build.childConfig")
     return Built(arch=arch, recipe=RECIPES[recipe], kv_dtype=KvDtype(kv_cache_dtype))
 
 
