@@ -171,7 +171,7 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
             # operator allows only when told (an operator from before the allowlist knows no such flag)
             cli = (pythonpath / "tailor" if pythonpath else REPO) / "cli" / "run_operator.py"
             allow = (["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
-                     if "--allowed-annotation-prefix" in cli.read_text() else [])
+                     if cli.exists() and "--allowed-annotation-prefix" in cli.read_text() else [])
             if pythonpath is not None:
                 env["PYTHONPATH"] = str(pythonpath)
             command = [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,
@@ -254,7 +254,10 @@ def cpu_seconds(layout: cluster.Layout, controller: int) -> dict[str, float]:
     ticks = os.sysconf("SC_CLK_TCK")
     found = {}
     for name, pid in pids.items():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended since: the ratios leave it out
+            continue
         found[name] = round((int(fields[11]) + int(fields[12])) / ticks, 1)  # utime, stime
     return found
 

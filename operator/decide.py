@@ -196,6 +196,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 p.event("ClaimChecked", f"the build writes up to {room.total / 1e9:,.0f} GB ({room.describe()}) on "
                                         f"{claim_of(p, spec)} of {capacity}")
             progress.job_name, progress.state, progress.message = name, "Running", NO_POD_YET
+            progress.reason = progress.progress = None  # an earlier Job's (deleted by hand) do not hold for this one
             progress.started_at = progress.started_at or p.world.now
             return False
         progress.job_name, progress.state = name, "Running"

@@ -61,10 +61,11 @@ RUNTIME = Runtime()
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf's record of the spec it last handled, kept nowhere: the operator has no create or update handlers (its
     daemon reconciles from the spec itself), so the record would only cost each object a patch and a copy of its
-    spec in an annotation."""
+    spec in an annotation. Read back as the object is now, so that kopf takes every event as "nothing changed"
+    (deletion and the finalizer kopf sees apart from this)."""
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
+        return self.build(body=body)
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None

@@ -20,6 +20,7 @@ a test's nodes.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections import OrderedDict
@@ -92,29 +93,9 @@ class PoolPlan(BaseModel):
                            quantized=self.quantized, sizing=self.sizing)
 
 
-class NodeSnapshot(list[dict[str, Any]]):
-    """The cluster's Nodes as read at one moment and never changed afterwards (the operator reads them once per
-    `kube.NODES_TTL_S` for every pass): what a pool makes of them is worked out once and kept with them."""
-
-    def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        super().__init__(nodes)
-        self._derived: dict[tuple[Any, ...], Any] = {}
-        self._lock = threading.Lock()
-
-    def derived(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
-        with self._lock:
-            if key in self._derived:
-                found: T = self._derived[key]
-                return found
-        value = compute()
-        with self._lock:
-            self._derived[key] = value
-        return value
-
-
 class IdentityMemo:
     """Results of a pure function of frozen objects, by those objects' identity and small hashable extras. Each
-    entry holds its objects, so an id is not reused while its entry lives; the oldest entries go first."""
+    entry holds its objects, so an id is not reused while its entry lives; the least recently used go first."""
 
     def __init__(self, size: int) -> None:
         self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], Any]] = OrderedDict()
@@ -124,14 +105,31 @@ class IdentityMemo:
         key = (tuple(map(id, objects)), extras)
         with self._lock:
             if key in self._entries:
+                self._entries.move_to_end(key)
                 found: T = self._entries[key][1]
                 return found
-        value = compute()
+        value = compute()  # outside the lock: two threads may both compute a missing entry, never a wrong one
         with self._lock:
             self._entries[key] = (objects, value)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
         return value
+
+
+class NodeSnapshot(list[dict[str, Any]]):
+    """The cluster's Nodes as read at one moment and never changed afterwards (the operator reads them once per
+    `kube.NODES_TTL_S` for every pass): what a pool makes of them is worked out once and kept with them (`memo`).
+    A copy is a plain list, which keeps nothing."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        super().__init__(nodes)
+        self.memo = IdentityMemo(64)
+
+    def __copy__(self) -> list[dict[str, Any]]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[dict[str, Any]]:
+        return copy.deepcopy(list(self), memo)
 
 
 def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> list[dict[str, Any]]:
@@ -241,7 +239,7 @@ def pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuCa
     """What of `nodes` the pool can serve on: the rules sizing and the build's batch both follow (worked out once
     per snapshot of the nodes and pool)."""
     if isinstance(nodes, NodeSnapshot):
-        return nodes.derived((pool.model_dump_json(), id(catalog)), lambda: _pool_nodes(pool, nodes, catalog))
+        return nodes.memo.get((catalog,), (pool.model_dump_json(),), lambda: _pool_nodes(pool, nodes, catalog))
     return _pool_nodes(pool, nodes, catalog)
 
 

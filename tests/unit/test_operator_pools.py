@@ -336,12 +336,13 @@ def test_what_a_pool_makes_of_a_node_snapshot_and_a_build_is_worked_out_once(mon
     assert calls == {"_pool_nodes": 3, "_sizing": 1}
     plan_deployment(deployment, snapshot, build.model_copy(), CATALOG)  # an equal build, read again
     assert calls == {"_pool_nodes": 3, "_sizing": 2}
+    assert type(copy.copy(snapshot)) is list and type(copy.deepcopy(snapshot)) is list  # copies keep no memo
 
 
-def test_an_identity_memo_keeps_its_newest_entries_and_never_mixes_objects_up() -> None:
+def test_an_identity_memo_keeps_its_recently_used_entries_and_never_mixes_objects_up() -> None:
     memo, computed = pools.IdentityMemo(2), []
     first, second, third = object(), object(), object()
-    for thing in (first, second, first, third, first):
+    for thing in (first, second, first, third, first, second):
         memo.get((thing,), ("x",), lambda thing=thing: computed.append(thing) or id(thing))
-    assert computed == [first, second, third, first]  # `first` was the oldest entry when `third` came
+    assert computed == [first, second, third, second]  # `second` was the least recently used when `third` came
     assert memo.get((second,), ("y",), lambda: "other extras") == "other extras"
