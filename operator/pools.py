@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -37,9 +34,8 @@ from tailor.compressor.serving.engines import Engine, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
+from tailor.operator.memo import IdentityMemo
 from tailor.operator.placement import admits_node
-
-T = TypeVar("T")
 
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"  # GFD: single or mixed where MIG partitions the node's GPUs
 MEMORY_TOLERANCE = 0.05  # a node's reported GPU memory this far from its profile's is another GPU
@@ -91,29 +87,6 @@ class PoolPlan(BaseModel):
                            tensor_parallel=self.sizing.tensor_parallel,
                            max_batch_size=self.max_num_seqs(), engine=self.engine,
                            quantized=self.quantized, sizing=self.sizing)
-
-
-class IdentityMemo:
-    """Results of a pure function of frozen objects, by those objects' identity and small hashable extras. Each
-    entry holds its objects, so an id is not reused while its entry lives; the least recently used go first."""
-
-    def __init__(self, size: int) -> None:
-        self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], Any]] = OrderedDict()
-        self._size, self._lock = size, threading.Lock()
-
-    def get(self, objects: tuple[object, ...], extras: tuple[Any, ...], compute: Callable[[], T]) -> T:
-        key = (tuple(map(id, objects)), extras)
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                found: T = self._entries[key][1]
-                return found
-        value = compute()  # outside the lock: two threads may both compute a missing entry, never a wrong one
-        with self._lock:
-            self._entries[key] = (objects, value)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-        return value
 
 
 class NodeSnapshot(list[dict[str, Any]]):

@@ -18,6 +18,7 @@ from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
+from tailor.operator.memo import IdentityMemo
 from tailor.operator.pools import Built, HeldGpus, NodeSnapshot, PoolPlan, held_by_others, held_gpus, node_gpu
 from tailor.operator.pools import plan_pools as plan_deployment
 
@@ -340,7 +341,7 @@ def test_what_a_pool_makes_of_a_node_snapshot_and_a_build_is_worked_out_once(mon
 
 
 def test_an_identity_memo_keeps_its_recently_used_entries_and_never_mixes_objects_up() -> None:
-    memo, computed = pools.IdentityMemo(2), []
+    memo, computed = IdentityMemo(2), []
     first, second, third = object(), object(), object()
     for thing in (first, second, first, third, first, second):
         memo.get((thing,), ("x",), lambda thing=thing: computed.append(thing) or id(thing))
