@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tailor.devcluster import cluster
 from tailor.devcluster.simulated import published_results
@@ -237,6 +238,7 @@ def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess
                     .splitlines() if line.startswith("VmHWM"))
     report["operatorPeakRssMiB"] = round(peak_kib / 1024, 1)
     report["cpuSeconds"] = cpu_seconds(layout, controller.pid)
+    report["apiServer"] = api_server_costs(api)
     if not floor:  # the floor keeps no metrics and no stages
         requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
         report.update(apiRequestsPerModel=round(requests / args.models, 1),
@@ -260,6 +262,35 @@ def cpu_seconds(layout: cluster.Layout, controller: int) -> dict[str, float]:
             continue
         found[name] = round((int(fields[11]) + int(fields[12])) / ticks, 1)  # utime, stime
     return found
+
+
+def api_server_costs(api: client.ApiClient, top: int = 12) -> dict[str, Any]:
+    """Where the API server's time went, from its own metrics at the end of the run (every client, not only the
+    controller): the `top` request kinds by summed latency (verb resource[/subresource]: count, seconds), and the
+    watch events it sent per resource (count, MB encoded; once per watcher)."""
+    method, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"],
+                                                     header_params={"Accept": "text/plain"})
+    text = api.call_api(method, url, header_params=headers).response.data.decode()
+    requests: dict[str, list[float]] = {}
+    watched: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name in ("apiserver_request_duration_seconds_sum", "apiserver_request_duration_seconds_count"):
+                if labels.get("verb") in ("WATCH", "CONNECT"):
+                    continue  # a watch's latency is how long it stayed open
+                key = f"{labels.get('verb')} {labels.get('resource')}" + (
+                    f"/{labels['subresource']}" if labels.get("subresource") else "")
+                slot = requests.setdefault(key, [0.0, 0.0])
+                slot[0 if sample.name.endswith("_count") else 1] += sample.value
+            elif sample.name in ("apiserver_watch_events_total", "apiserver_watch_events_sizes_sum"):
+                slot = watched.setdefault(labels.get("resource") or labels.get("kind", "?"), [0.0, 0.0])
+                slot[0 if sample.name == "apiserver_watch_events_total" else 1] += sample.value
+    ranked = sorted(requests.items(), key=lambda item: -item[1][1])[:top]
+    return {"requestsByLatency": {key: {"count": int(count), "seconds": round(seconds, 1)}
+                                  for key, (count, seconds) in ranked},
+            "watchEvents": {key: {"count": int(count), "MB": round(size / 1e6, 1)}
+                            for key, (count, size) in sorted(watched.items(), key=lambda item: -item[1][1])[:top]}}
 
 
 def audited(log: Path, models: int) -> dict[str, Any]:
