@@ -29,6 +29,11 @@ from tailor.compressor.puzzle.plan import Plan, PlanError, problems
 from tailor.compressor.serving.engines import Engine
 from tailor.compressor.sizing import Sizing
 
+# libyaml's emitter and parser where PyYAML has them (several times the pure-Python ones: the operator writes a plan
+# per build and per pool, and reads each once)
+DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 API_VERSION: Literal["tailor.dev/build-plan/v1"] = "tailor.dev/build-plan/v1"
 PLAN_FILE = "plan.yaml"
 ARTIFACTS_MOUNT = "/artifacts"  # the claim, in stage pods
@@ -170,12 +175,18 @@ class BuildPlan(_Model):
         return GpuCatalog(list(self.gpu_profiles))
 
     def dump(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+        return yaml.dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), Dumper=DUMPER,
+                         sort_keys=False)
+
+    @classmethod
+    def parse(cls, text: str) -> BuildPlan:
+        """A plan from its YAML text (yaml.YAMLError or ValidationError when it is not one)."""
+        return cls.model_validate(yaml.load(text, Loader=LOADER))
 
     @classmethod
     def load(cls, path: Path) -> BuildPlan:
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=LOADER)
         except (OSError, yaml.YAMLError) as error:
             raise PlanError(f"{path}: cannot read the build plan ({error})") from error
         try:

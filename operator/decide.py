@@ -155,7 +155,7 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
 @lru_cache(maxsize=1024)
 def read_plan(text: str) -> BuildPlan:
     """A plan ConfigMap's plan (immutable, and a frozen model: read once, not on every pass)."""
-    return BuildPlan.model_validate(yaml.safe_load(text))
+    return BuildPlan.parse(text)
 
 
 def delete_superseded_jobs(p: Pass) -> None:

@@ -143,13 +143,17 @@ class Kube:
             self.cache.put(kind, answer)
 
     def select(self, owner: str, kind: str, namespace: str, labels: dict[str, str],
-               fresh: bool = False) -> list[dict[str, Any]]:
-        """The objects with `labels`; `fresh`: from the server even where the cache holds them (the cache's
-        watches of different kinds are not in step with each other)."""
-        if not fresh and (cache := self._cached_kind(kind, namespace)) is not None and names.MODEL in labels:
+               not_older_than: int | None = None) -> list[dict[str, Any]]:
+        """The objects with `labels`; `not_older_than`: as they were at that resourceVersion or later (the cache's
+        watches of different kinds are not in step with each other: one that has not reached it is passed by, and
+        the API server answers from its own watch cache once that has)."""
+        if (names.MODEL in labels and (cache := self._cached_kind(kind, namespace)) is not None
+                and (not_older_than is None or cache.reached(kind, namespace, not_older_than))):
             return cache.select(kind, namespace, labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        found = self._call(owner, "GET", self.path(kind, namespace), query=[("labelSelector", selector)])
+        since = [] if not_older_than is None else [("resourceVersion", str(not_older_than)),
+                                                   ("resourceVersionMatch", "NotOlderThan")]
+        found = self._call(owner, "GET", self.path(kind, namespace), query=[("labelSelector", selector), *since])
         items: list[dict[str, Any]] = found.get("items", [])
         return items
 

@@ -22,6 +22,7 @@ from tailor.operator.kube import Kube
 from tailor.operator.placement import KUEUE_QUEUE_LABEL
 from tailor.operator.pools import HeldGpus
 from tailor.operator.progress import LOG_TAIL_LINES
+from tailor.operator.watchcache import resource_version
 
 BUILD_KINDS = ("Job", "ConfigMap")
 SERVING_KINDS = ("Deployment", "Service")  # none exist before the build has a child to size them for
@@ -201,9 +202,10 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     pods: list[dict[str, Any]] = []
     unfinished = [job for job in objects["Job"].values() if job_finished(job) is None]
     waiting_jobs = [job for job in unfinished if not (job.get("status") or {}).get("ready")]
-    untaken = any(job_finished(job) and not _taken(job, status) for job in objects["Job"].values())
-    if stalled_revisions or unfinished or untaken:  # a finished Job's result: its pods as the server has them now
-        pods = kube.select(owner, "Pod", namespace, selector, fresh=untaken)
+    untaken = [job for job in objects["Job"].values() if job_finished(job) and not _taken(job, status)]
+    if stalled_revisions or unfinished or untaken:  # a finished Job's result: its pods as they were when it finished
+        pods = kube.select(owner, "Pod", namespace, selector, not_older_than=max(
+            (resource_version(job) for job in untaken), default=None))
     waiting = unschedulable(pods)
     for job in waiting_jobs:
         if (job.get("spec") or {}).get("suspend"):

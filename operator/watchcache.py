@@ -10,6 +10,9 @@
   keep it current); one that is too old (410 Gone) or fails otherwise is listed again, with backoff.
 - Until a kind's first list is in, or while it cannot be listed (RBAC), `Store.synced` is False and the reader
   asks the API server instead.
+- Each watch's resourceVersion (etcd's revision, shared by every kind) is kept as its events and bookmarks come
+  (`Store.reached`): a store that has reached an object's resourceVersion holds every change of its kind made before
+  that object's (a finished Job's pods, as they were when the Job controller saw them finish).
 - `on_change` is called from the watch thread for every event that changed the store (not for an event of the
   operator's own write that came after the server's answer): it is how passes are woken (`handlers`).
 """
@@ -44,7 +47,7 @@ Key = tuple[str, str, str]  # kind, namespace, name
 Change = Callable[[str, str, dict[str, Any] | None, dict[str, Any]], None]  # kind, event type, before, after
 
 
-def _version(obj: dict[str, Any]) -> int:
+def resource_version(obj: dict[str, Any]) -> int:
     """An object's resourceVersion as a number (etcd's revision; 0 where it is not one)."""
     found = str(obj["metadata"].get("resourceVersion") or "")
     return int(found) if found.isdigit() else 0
@@ -65,9 +68,19 @@ class Store:
         self._of_model: dict[Key, set[str]] = {}  # (kind, namespace, tailor.dev/model) -> names
         self._deleted: set[str] = set()  # uids the operator deleted whose DELETED event has not come yet
         self._synced: set[tuple[str, str | None]] = set()  # (kind, namespace or None for all) listed
+        self._reached: dict[tuple[str, str | None], int] = {}  # (kind, scope) -> the resourceVersion its watch reached
 
     def synced(self, kind: str, namespace: str) -> bool:
         return (kind, None) in self._synced or (kind, namespace) in self._synced
+
+    def reached(self, kind: str, namespace: str, version: int) -> bool:
+        """Whether the cache of `kind` in `namespace` is listed and holds every change up to `version`."""
+        return self.synced(kind, namespace) and max(self._reached.get((kind, None), 0),
+                                                    self._reached.get((kind, namespace), 0)) >= version
+
+    def advance(self, kind: str, namespace: str | None, version: int) -> None:
+        """The watch of `kind` in `namespace` (None: everywhere) has brought every change up to `version`."""
+        self._reached[kind, namespace] = max(self._reached.get((kind, namespace), 0), version)
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -120,7 +133,8 @@ class Store:
             if event == "DELETED":
                 self._deleted.discard(uid)
                 return self._drop(key) if same else None
-            if uid in self._deleted or (same and _version(held) >= _version(obj)):  # type: ignore[arg-type]
+            if uid in self._deleted or (
+                    same and resource_version(held) >= resource_version(obj)):  # type: ignore[arg-type]
                 return None
             self._set(key, obj)
             return held if held is not None else {}
@@ -131,15 +145,16 @@ class Store:
         with self._lock:
             listed = {_key(kind, obj): obj for obj in items}
             for key in [k for k in self._objects if k[0] == kind and namespace in (None, k[1])]:
-                if key not in listed and _version(self._objects[key]) <= version:
+                if key not in listed and resource_version(self._objects[key]) <= version:
                     self._drop(key)
             for key, obj in listed.items():
                 held = self._objects.get(key)
-                if held is None or _version(held) < _version(obj) or held["metadata"].get("uid") != obj[
+                if held is None or resource_version(held) < resource_version(obj) or held["metadata"].get("uid") != obj[
                         "metadata"].get("uid"):
                     self._set(key, obj)
             self._deleted.intersection_update(obj["metadata"]["uid"] for obj in items)
             self._synced.add((kind, namespace))
+            self._reached[kind, namespace] = version
 
     def unsync(self, kind: str, namespace: str | None) -> None:
         self._synced.discard((kind, namespace))
@@ -221,10 +236,8 @@ class Reflector:
                 if obj.get("code") == 410:
                     raise Gone()
                 raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-            version = max(version, _version(obj))
-            if kind == "BOOKMARK":
-                continue
-            before = self.store.apply(self.kind, str(kind), obj)
-            if before is not None:
+            version = max(version, resource_version(obj))
+            if kind != "BOOKMARK" and (before := self.store.apply(self.kind, str(kind), obj)) is not None:
                 self.on_change(self.kind, str(kind), before or None, obj)
+            self.store.advance(self.kind, self.namespace, version)  # after the event is in
         return version

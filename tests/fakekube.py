@@ -68,7 +68,7 @@ class FakeKube(Kube):
         return copy.deepcopy(found) if found is not None else None
 
     def select(self, owner: str, kind: str, namespace: str, labels: dict[str, str],
-               fresh: bool = False) -> list[dict[str, Any]]:
+               not_older_than: int | None = None) -> list[dict[str, Any]]:
         self.requests[owner] += 1
         return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.store.items())
                 if k == kind and ns == namespace

@@ -1,5 +1,6 @@
 """The operator's watch cache against the real API server: it lists, then follows a watch; the operator's own
-writes are in it before their events; a watch the server ends is reopened where it ended."""
+writes are in it before their events; a watch the server ends is reopened where it ended; a read that must be as new
+as another object is served by the cache only once its watch has reached that object's resourceVersion."""
 
 from __future__ import annotations
 
@@ -53,11 +54,33 @@ def test_the_cache_follows_the_server_and_the_operators_writes(api: client.ApiCl
     kube.delete("o", "ConfigMap", namespace, "written")
     assert store.get("ConfigMap", namespace, "written") is None
     time.sleep(3 * watchcache.WATCH_TIMEOUT_S)  # the server has ended the watch at least once
-    core.patch_namespaced_config_map("before", namespace, {"data": {"k": "5"}})
+    patched = core.patch_namespaced_config_map("before", namespace, {"data": {"k": "5"}})
     wait_for("a change after the watch was reopened", lambda: ("MODIFIED", "before", "5") in seen, timeout_s=30)
+    assert store.reached("ConfigMap", namespace, int(patched.metadata.resource_version))
     assert reflector.thread.is_alive() and store.synced("ConfigMap", namespace)
     reflector.stop()
     assert {o["metadata"]["name"] for o in store.select("ConfigMap", namespace, LABELS)} == {"before"}
     assert store.get("ConfigMap", namespace, "unlabelled") is None  # outside the label: never cached
     reflector.thread.join(timeout=10)
     assert not reflector.thread.is_alive()
+
+
+def test_a_read_as_new_as_another_object_waits_for_the_cache_or_asks_the_server(api: client.ApiClient,
+                                                                                namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    listed = core.list_namespaced_config_map(namespace, label_selector="tailor.dev/model=cached")
+    store = Store()
+    store.replace("ConfigMap", namespace, [], version=int(listed.metadata.resource_version))  # no watch follows it
+    kube = Kube(api, store)
+    core.create_namespaced_config_map(namespace, config_map("after-list", namespace, "1"))
+    account = core.create_namespaced_service_account(namespace, {"metadata": {"name": "later"}})
+    version = int(account.metadata.resource_version)  # a later write, of another kind
+
+    assert kube.select("o", "ConfigMap", namespace, LABELS) == []  # the cache as it is: without it
+    assert kube.requests["o"] == 0
+    found = kube.select("o", "ConfigMap", namespace, LABELS, not_older_than=version)
+    assert [o["metadata"]["name"] for o in found] == ["after-list"] and kube.requests["o"] == 1  # the server's
+
+    store.advance("ConfigMap", namespace, version)  # as the watch would, with the ConfigMap's event
+    assert kube.select("o", "ConfigMap", namespace, LABELS, not_older_than=version) == []  # the cache's
+    assert kube.requests["o"] == 1

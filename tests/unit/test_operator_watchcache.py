@@ -49,6 +49,18 @@ def test_a_deleted_event_removes_only_the_object_of_its_uid() -> None:
     assert store.get("Job", "ns", "a") is None
 
 
+def test_a_store_has_reached_what_its_list_and_watch_brought() -> None:
+    store = Store()
+    assert not store.reached("Pod", "ns", 1)  # not listed yet
+    store.replace("Pod", "ns", [], version=10)
+    assert store.reached("Pod", "ns", 10) and not store.reached("Pod", "ns", 11)
+    store.advance("Pod", "ns", 15)
+    store.advance("Pod", "ns", 12)  # never back
+    assert store.reached("Pod", "ns", 15) and not store.reached("Pod", "ns", 16)
+    store.replace("Pod", None, [], version=30)  # a cluster-wide list and watch
+    assert store.reached("Pod", "other", 30) and not store.reached("Job", "ns", 1)
+
+
 def test_a_list_replaces_what_was_held_but_keeps_the_operators_newer_writes() -> None:
     store = Store()
     assert not store.synced("Job", "ns")
