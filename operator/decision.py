@@ -167,7 +167,12 @@ class Pass:
         return [o for o in self.world.of(kind).values() if owned_by(o, self.uid)]
 
     def create(self, manifest: dict[str, Any]) -> None:
-        self.actions.append(Create(manifest))
+        """Queue a create; one of an object this pass already creates (a shared one, such as the model's
+        NetworkPolicy with each pool's revision) is not sent twice."""
+        key = manifest["kind"], manifest["metadata"]["name"]
+        if not any(isinstance(a, Create) and (a.manifest["kind"], a.manifest["metadata"]["name"]) == key
+                   for a in self.actions):
+            self.actions.append(Create(manifest))
 
     def delete(self, kind: str, name: str) -> None:
         self.actions.append(Delete(kind, name))

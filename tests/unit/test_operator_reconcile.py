@@ -21,7 +21,7 @@ from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import handlers
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
-from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Decision
+from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Create, Decision
 from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
@@ -602,8 +602,16 @@ def test_removing_the_deployment_removes_the_triton_objects(kube: FakeKube) -> N
 def test_serving_pods_get_no_egress_and_other_pods_keep_theirs(kube: FakeKube) -> None:
     """One NetworkPolicy per model denies every egress (DNS too) to the pods that load a checkpoint and serve it:
     the Triton revisions and the speed Job; the build Jobs, which download parents and text, are not selected."""
-    kube.apply(manifest())
-    drive(kube, "Ready")
+    kube.apply(manifest(pools=[{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
+                               {"name": "h100-b", "nodeSelector": H100, "concurrency": {"perNode": 8}}]))
+    sent = []  # the policy comes with each pool's revision, created in one pass: it is sent once
+    for _ in range(20):
+        decision = step(kube)
+        sent += [a for a in decision.actions if isinstance(a, Create) and a.manifest["kind"] == "NetworkPolicy"]
+        if decision.phase == "Ready":
+            break
+        controllers(kube)
+    assert len(sent) == 1 and len(kube.names("Deployment")) == 2
     assert kube.names("NetworkPolicy") == ["m-no-egress"]
     policy = kube.obj("NetworkPolicy", "m-no-egress")
     assert policy["spec"]["policyTypes"] == ["Egress"] and policy["spec"]["egress"] == []
