@@ -1,15 +1,17 @@
 """The floor for `bench/operator.py`: a minimal controller that makes each CompressedModel Ready with only the
-writes Tailor must do, and nothing Tailor decides in between (no plan resolution, sizing, pre-flight checks, result
-parsing, status history, events).
+writes Tailor must do, and nothing Tailor decides in between (no observation of what it created, pre-flight checks,
+result parsing, status history, events).
 
-Per model, as each step's object finishes: the artifacts claim, the plan ConfigMap, the stage ServiceAccount and
-the compress Job; then the quantize and evaluate Jobs; then per pool a package Job, then the serving
-ServiceAccount, the no-egress NetworkPolicy, a one-replica Deployment with its PodDisruptionBudget,
-HorizontalPodAutoscaler and Service (the objects Tailor creates per pool, with fewer fields); then the status patch
-`phase: Ready`. The Jobs are Tailor's own manifests (`jobs.stage_job`, with the model's pod annotations: kwok
-finishes them as it finishes Tailor's). Events come from three watches (models, Jobs, Deployments) and wake the
-model's step on a pool of worker threads, as kopf's daemons do for the operator. It runs as a process of its own, as
-the operator does, until SIGTERM:
+The writes are Tailor's own manifests, made by Tailor's own functions on a pass that sees nothing but the model
+(`Pass` over an `Observed` with no objects): the artifacts claim, the stage ServiceAccount, the plan ConfigMap and
+each stage's Job (`workloads.start_job`, the plan from `resolve.resolve`); per pool the package plan ConfigMap and
+Job (`rollout.package`), then the revision (`rollout.create_revision`: the serving ServiceAccount, the no-egress
+NetworkPolicy, the Deployment with its PodDisruptionBudget and autoscaler, the Service); then the status patch
+`phase: Ready` and, as Tailor does in that pass, the speed Job (`speedup.start`). Pools are sized once per model
+(`pools.plan_pool`) on the nodes as listed when the first model came, for the child in the results kwok hands
+back (the model's `devcluster.tailor.dev/result-*` pod annotations). Events come from three watches (models,
+Jobs, Deployments) and wake the model's step on a pool of worker threads, as kopf's daemons do for the operator.
+It runs as a process of its own, as the operator does, until SIGTERM:
 
     python bench/floor.py --kubeconfig FILE --namespace bench
 """
@@ -17,6 +19,7 @@ the operator does, until SIGTERM:
 from __future__ import annotations
 
 import argparse
+import json
 import queue
 import signal
 import threading
@@ -25,23 +28,30 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.buildplan import BuildPlan
+from tailor.compressor.results import CompressResult, QuantizeResult
+from tailor.devcluster.simulated import RESULT_ANNOTATION
 from tailor.operator import api as model
-from tailor.operator import names
-from tailor.operator.deployment import SERVING_SERVICE_ACCOUNT, egress_policy
-from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_terms, stage_job
-from tailor.operator.placement import pod_metadata, scheduling
+from tailor.operator import names, rollout, speedup
+from tailor.operator.decision import Create, Pass
+from tailor.operator.jobs import gpu_terms
+from tailor.operator.observe import Observed
+from tailor.operator.placement import scheduling
+from tailor.operator.pools import NodeSnapshot, PoolPlan, plan_pool
+from tailor.operator.resolve import fingerprint, resolve, target_batch
+from tailor.operator.settings import OperatorSettings
+from tailor.operator.workloads import claim_ready, start_job
 
 WORKERS = 8
-CATALOG = GpuCatalog.load()
-STAGES = ("compress", "quantize", "evaluate")
+SETTINGS = OperatorSettings()  # the operator's defaults: its image, ServiceAccounts and GPU catalog
+GENERATION = 1
 
 
 class Floor:
     """Runs until `stop()`; `api` is the devcluster's admin client, `namespace` the benchmark's."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, image: str) -> None:
-        self.api, self.namespace, self.image = api, namespace, image
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
         self.core, self.batch, self.apps = client.CoreV1Api(api), client.BatchV1Api(api), client.AppsV1Api(api)
         self.objects = client.CustomObjectsApi(api)
         self.networking, self.policy = client.NetworkingV1Api(api), client.PolicyV1Api(api)
@@ -50,6 +60,8 @@ class Floor:
         self.done: dict[str, set[str]] = {}  # model -> finished Jobs and available Deployments
         self.ready: set[str] = set()
         self.created: set[tuple[str, str]] = set()  # (kind, name) of every object created
+        self.plans: dict[str, tuple[BuildPlan, dict[str, PoolPlan]]] = {}  # model -> its plan and pool sizings
+        self.nodes: NodeSnapshot | None = None
         self.lock = threading.Lock()
         self.work: queue.Queue[str | None] = queue.Queue()
         self.watches: list[watch.Watch] = []
@@ -150,69 +162,81 @@ class Floor:
     def _step(self, body: dict[str, Any], done: set[str]) -> None:
         name, spec = body["metadata"]["name"], model.CompressedModelSpec.model_validate(body["spec"])
         assert spec.deployment is not None
-        owned = {"name": name, "namespace": self.namespace, "labels": names.model_labels(body)}
-        jobs = [names.job_name(name, 1, stage) for stage in STAGES]
-        next_stage = next((stage for stage, job in zip(STAGES, jobs, strict=True) if job not in done), None)
-        if next_stage == "compress":
-            self._create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
-                **owned, "name": names.claim_name(name)}, "spec": {"accessModes": ["ReadWriteMany"], "resources": {
-                    "requests": {"storage": spec.storage.size or "1Ti"}}}})
-            self._create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**owned, "name": f"{name}-plan"},
-                          "data": {"plan.yaml": "{}"}})
-            self._service_account(JOB_SERVICE_ACCOUNT)
-        if next_stage is not None:
-            self._job(body, spec, next_stage, None)
+        plan, sized = self._planned(body, spec)
+        p = self._pass(body, spec, plan)
+        stage = next((s for s in plan.stages if names.job_name(name, GENERATION, s) not in done), None)
+        if stage is not None:
+            claim_ready(p, spec)
+            start_job(p, spec, plan, stage, GENERATION, names.plan_name(name, GENERATION),
+                      scheduling(spec.jobs, gpu_terms(plan.catalog().get(plan.target_gpu))))
+            self._send(p)
             return
-        deployments = []
+        revisions = [names.revision_name(name, pool.name, GENERATION) for pool in spec.deployment.pools]
         for pool in spec.deployment.pools:
-            package = names.job_name(name, 1, "package", pool.name)
-            if package not in done:
-                self._job(body, spec, "package", pool.name)
-                continue
-            revision = names.revision_name(name, pool.name, 1)
-            deployments.append(revision)
-            labels = {**names.model_labels(body), names.POOL: pool.name}
-            selector = {"matchLabels": labels}
-            self._service_account(SERVING_SERVICE_ACCOUNT)
-            self._create(egress_policy(body))
-            pod = {"metadata": pod_metadata(pool, labels), "spec": {
-                **scheduling(pool, node_selector=pool.node_selector), "serviceAccountName": SERVING_SERVICE_ACCOUNT,
-                "containers": [{"name": "triton", "image": spec.deployment.triton_image,
-                                "resources": {"limits": {model.GPU_RESOURCE: "1"}}}]}}
-            revised = {**owned, "name": revision}
-            self._create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": revised,
-                          "spec": {"replicas": 1, "selector": selector, "template": pod}})
-            self._create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": revised,
-                          "spec": {"minAvailable": 1, "selector": selector}})
-            self._create({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": revised,
-                          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": revision},
-                                   "minReplicas": 1, "maxReplicas": 2, "metrics": [{"type": "Pods", "pods": {
-                                       "metric": {"name": "tailor_queue_size"},
-                                       "target": {"type": "AverageValue", "averageValue": "4"}}}]}})
-            self._create({"apiVersion": "v1", "kind": "Service", "metadata": {
-                **owned, "name": names.service_name(name, pool.name)}, "spec": {
-                "selector": labels, "ports": [{"name": "http", "port": 8000}]}})
-        if deployments and all(revision in done for revision in deployments):
+            if names.job_name(name, GENERATION, "package", pool.name) not in done:
+                rollout.package(p, spec, plan, sized[pool.name])
+            else:
+                rollout.create_revision(p, spec, plan, sized[pool.name], first=True)
+        self._send(p)
+        if all(revision in done for revision in revisions):
             self.objects.patch_namespaced_custom_object_status(model.GROUP, model.VERSION, self.namespace,
                                                                model.PLURAL, name, {"status": {"phase": "Ready"}})
             self.ready.add(name)
+            measured = speedup.measured_pool(spec)
+            if measured is not None:
+                p = self._pass(body, spec, plan)
+                speedup.start(p, spec, plan, model.PoolStatus(name=measured,
+                                                              gpus_per_replica=sized[measured].tensor_parallel))
+                self._send(p)
 
-    def _service_account(self, name: str) -> None:
-        """The namespace's ServiceAccount, created once (by the first model that needs it)."""
-        self._create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name,
-                                                                                 "namespace": self.namespace}})
-
-    def _job(self, body: dict[str, Any], spec: model.CompressedModelSpec, stage: Any, pool: str | None) -> None:
+    def _planned(self, body: dict[str, Any], spec: model.CompressedModelSpec
+                 ) -> tuple[BuildPlan, dict[str, PoolPlan]]:
+        """The model's build plan and its pools' sizings, worked out once, as Tailor's operator does."""
         name = body["metadata"]["name"]
-        gpus = spec.jobs.gpus_per_node if stage == "compress" else 1 if stage in STAGES else 0
-        settings = JobSettings(image=self.image, gpus_per_node=gpus, nodes=spec.jobs.nodes if stage == "compress"
-                               else 1)
-        target = next((p for p in spec.deployment.pools if p.name == pool), None) if spec.deployment else None
-        placed = (scheduling(target, node_selector=target.node_selector) if target else
-                  scheduling(spec.jobs, gpu_terms(CATALOG.get(spec.compression.target_gpu.value))))
-        for manifest in stage_job(body, stage, 1, settings, placed, names.claim_name(name), f"{name}-plan",
-                                  spec.jobs, pool=pool):
-            self._create(manifest)
+        with self.lock:
+            found = self.plans.get(name)
+        if found is None:
+            assert spec.deployment is not None
+            nodes = self._nodes()
+            plan = resolve(spec, body, GENERATION, SETTINGS.catalog,
+                           target_batch(spec, nodes, SETTINGS.catalog).value)
+            built = rollout.read_built(*child(spec, plan))
+            found = plan, {pool.name: plan_pool(pool, nodes, built, spec.deployment, SETTINGS.catalog)
+                           for pool in spec.deployment.pools}
+            with self.lock:
+                self.plans[name] = found
+        return found
+
+    def _nodes(self) -> NodeSnapshot:
+        """The cluster's nodes, listed once (when the first model comes)."""
+        with self.lock:
+            if self.nodes is None:
+                reply = self.core.list_node(_preload_content=False)
+                self.nodes = NodeSnapshot(json.loads(reply.data)["items"])
+            return self.nodes
+
+    def _pass(self, body: dict[str, Any], spec: model.CompressedModelSpec, plan: BuildPlan) -> Pass:
+        """A pass that sees only the model, its build recorded as Tailor records it: what Tailor's functions
+        create on it is what Tailor creates."""
+        config_text, recipe, kv = child(spec, plan)
+        status = model.CompressedModelStatus(build=model.BuildStatus(
+            generation=GENERATION, fingerprint=fingerprint(spec), child_config=config_text, recipe=recipe,
+            kv_cache_dtype=kv))
+        return Pass(Observed(model=body), SETTINGS, status)
+
+    def _send(self, p: Pass) -> None:
+        for action in p.actions:
+            assert isinstance(action, Create)
+            self._create(action.manifest)
+
+
+def child(spec: model.CompressedModelSpec, plan: BuildPlan) -> tuple[str, str, str]:
+    """The child's packed config, its recipe and KV-cache dtype, from the results kwok hands back (the stage
+    pods' annotations), as Tailor records them."""
+    annotations = spec.jobs.pod_annotations
+    compress = CompressResult.model_validate_json(annotations[RESULT_ANNOTATION.format(stage="compress")])
+    quantize = QuantizeResult.model_validate_json(annotations[RESULT_ANNOTATION.format(stage="quantize")])
+    return compress.config, quantize.recipe, plan.kv_cache_dtype.value
 
 
 def main() -> None:
@@ -224,7 +248,7 @@ def main() -> None:
     api.user_agent = "tailor-floor/bench"  # how the benchmark tells its requests in the audit log
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    controller = Floor(api, args.namespace, image="ghcr.io/tailor-dev/tailor-runtime:floor")
+    controller = Floor(api, args.namespace)
     stopping.wait()
     controller.stop()
 

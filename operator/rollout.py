@@ -111,23 +111,8 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
             return status, None
         if not package(p, spec, plan, sized):
             return status, False
-        service_account(p, p.settings.serving_service_account)
-        package_folder = plan.layout.package(p.generation, pool.name)
-        image, engine_config = p.settings.job_image, None
-        if sized.engine is Engine.VLLM:
-            image = deployment.triton_image
-            engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
-        p.create(egress_policy(p.model))  # with each revision: one that is there already is left as it is
-        for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
-                                  image, engine_config, p.settings.serving_service_account, p.settings.job_image):
-            p.create(manifest)
-        p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, pool.name, p.generation)}: "
-                                   f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "
-                                   f"{sized.concurrency_per_replica} concurrent requests each, engine "
-                                   f"{sized.engine}")
-        if current is None:  # the first revision: the Service can point at it from the start
-            assert sized.engine is not None  # `manifests` refuses a pool no engine serves
-            p.create(service(p.model, pool.name, p.generation, sized.engine))
+        create_revision(p, spec, plan, sized, first=current is None)
+        if current is None:
             status.revision = revision
         return status, False
     status.skipped = None  # this generation's revision exists: it is rolled out whatever the nodes say now
@@ -153,6 +138,29 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                 if other["metadata"]["labels"].get(names.REVISION) != revision:
                     delete_revision(p, other["metadata"]["name"])
     return status, ready and status.revision == revision
+
+
+def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan, first: bool) -> None:
+    """This generation's revision of a packaged pool: the serving ServiceAccount, the model's NetworkPolicy (one
+    that is there already is left as it is), the Deployment with its PodDisruptionBudget and autoscaler, and for
+    the pool's `first` revision its Service, which can point at it from the start."""
+    deployment = spec.deployment
+    assert deployment is not None and sized.engine is not None  # `manifests` refuses a pool no engine serves
+    service_account(p, p.settings.serving_service_account)
+    package_folder = plan.layout.package(p.generation, sized.name)
+    image, engine_config = p.settings.job_image, None
+    if sized.engine is Engine.VLLM:
+        image = deployment.triton_image
+        engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
+    p.create(egress_policy(p.model))
+    for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
+                              image, engine_config, p.settings.serving_service_account, p.settings.job_image):
+        p.create(manifest)
+    p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, sized.name, p.generation)}: "
+                               f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "
+                               f"{sized.concurrency_per_replica} concurrent requests each, engine {sized.engine}")
+    if first:
+        p.create(service(p.model, sized.name, p.generation, sized.engine))
 
 
 def vllm_config(p: Pass, sized: PoolPlan, package_folder: str, context: int) -> dict[str, Any]:

@@ -52,6 +52,9 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> None:
     job = p.owned("Job", name)
     try:
         if job is None:
+            config_map = names.package_plan_name(p.name, p.generation, pool.name)
+            if p.owned("ConfigMap", config_map) is None:  # the pool's plan, which asked its package Job for the pair
+                raise Refused("NoPackagePlan", f"ConfigMap {config_map} (the pool's package plan) is gone")
             start(p, spec, plan, pool)
             found.message = "waiting for a pod"
             return
@@ -68,13 +71,11 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> None:
 
 
 def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus) -> None:
-    """The speed Job on one of the pool's nodes, reading the pool's package plan."""
+    """The speed Job on one of the pool's nodes, reading the pool's package plan (its ConfigMap is there)."""
     deployment = spec.deployment
     assert deployment is not None
     repository = repository_in_pod(plan.layout.speed(p.generation, pool.name))
     config_map = names.package_plan_name(p.name, p.generation, pool.name)
-    if p.owned("ConfigMap", config_map) is None:  # the pool's plan, which asked its package Job for the pair
-        raise Refused("NoPackagePlan", f"ConfigMap {config_map} (the pool's package plan) is gone")
     start_job(p, spec, plan, "speed", p.generation, config_map, pool_scheduling(deployment, pool.name),
               pool=pool.name, sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1,
                                                     pool_target(deployment, pool.name)))
