@@ -4,6 +4,7 @@ CompressedModels whose stage Jobs finish at once (kwok hands back canned results
     .venv/bin/python bench/operator.py [--nodes 300] [--models 200] [--out bench/results/operator.json]
     .venv/bin/python bench/operator.py --baseline 4825d2d    # that commit's operator, then this one's, side by side
     .venv/bin/python bench/operator.py --floor               # the floor (bench/floor.py), then this operator
+    .venv/bin/python bench/operator.py --floor --repeat 2    # floor, operator, floor, operator: median ratios
 
 Prints and writes: time from create to Ready (p50, p90, p99, max) as seen by a watch, total wall time, the median
 time in each stage, Kubernetes API requests the reconciler made per object (the operator's
@@ -15,7 +16,9 @@ state folder on the same ports. With `--baseline REV`, the same run is made firs
 (a git worktree put first on the operator's PYTHONPATH; the devcluster, CRD and workload stay this checkout's),
 then with this checkout's, each on a fresh devcluster; the JSON has both and their ratios. With `--floor`, the
 first run is the floor instead: a minimal controller that does only the writes Tailor must do for the same objects
-and Jobs (`bench/floor.py`); the ratios say how far Tailor is above it, and the audited requests where they go.
+and Jobs (`bench/floor.py`); the ratios say how far Tailor is above it, and the audited requests where they go;
+`--repeat N` runs the pair N times, alternating, and gives each pair's ratios and their medians (the JSON's
+`floor` and `current` are the first pair's, `pairs` the others').
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--baseline", help="a commit whose operator runs first, for a side-by-side comparison")
     parser.add_argument("--floor", action="store_true", help="the floor (bench/floor.py) runs first, side by side")
+    parser.add_argument("--repeat", type=int, default=1, help="with --floor: floor and Tailor this many times, "
+                        "alternating; the ratios are the medians over the pairs")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "operator.json")
     args = parser.parse_args()
     if cluster.running_pid(cluster.Layout(cluster.state_dir()), "kube-apiserver") is not None:
@@ -105,10 +110,16 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="tailor-bench-operator-") as scratch:
         if args.floor:
-            floor = bench(args, Path(scratch) / "floor", None, args.out.with_name(f"{args.out.stem}-floor.png"),
-                          floor=True)
-            current = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
-            report = {"floor": floor, "current": current, "ratiosToFloor": ratios(floor, current)}
+            pairs = []
+            for turn in range(args.repeat):  # floor, Tailor, floor, Tailor...: the machine's drift hits both
+                floor = bench(args, Path(scratch) / f"floor{turn}", None,
+                              args.out.with_name(f"{args.out.stem}-floor.png"), floor=True)
+                current = bench(args, Path(scratch) / f"current{turn}", None, args.out.with_suffix(".png"))
+                pairs.append({"floor": floor, "current": current, "ratiosToFloor": ratios(floor, current)})
+            report = {**pairs[0], "ratiosToFloor": median_ratios([pair["ratiosToFloor"] for pair in pairs])}
+            if args.repeat > 1:
+                report["pairs"] = [{"floor": without_samples(pair["floor"]), "current": without_samples(
+                    pair["current"]), "ratiosToFloor": pair["ratiosToFloor"]} for pair in pairs[1:]]
         elif args.baseline is None:
             report = bench(args, Path(scratch) / "current", None, args.out.with_suffix(".png"))
         else:
@@ -128,6 +139,12 @@ def main() -> int:
 def without_samples(report: dict[str, Any]) -> dict[str, Any]:
     return {key: without_samples(value) if isinstance(value, dict) else value for key, value in report.items()
             if key != "secondsToReady"}
+
+
+def median_ratios(pairs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per figure, the median of its ratio over the pairs (None where a pair has none)."""
+    return {key: None if any(pair.get(key) is None for pair in pairs) else round(statistics.median(
+        pair[key] for pair in pairs), 3) for key in pairs[0]}  # type: ignore[type-var]
 
 
 def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float | None]:
