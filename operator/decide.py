@@ -13,7 +13,6 @@ generation and leaves the serving revision alone.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import yaml
 from pydantic import ValidationError
@@ -42,7 +41,7 @@ from tailor.operator.placement import scheduling
 from tailor.operator.progress import parse as parse_progress
 from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
-from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, start_job
+from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, read_plan, start_job
 
 MAX_BLOCKS = 4096  # a child config with more blocks than this is not one tailor wrote
 NO_POD_YET = "waiting for a pod"  # a stage Job's message until its pods run (as created: no status write after)
@@ -150,12 +149,6 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                 "kv_cache_dtype": plan.kv_cache_dtype.value,
                                                 "target_product": plan.target_product})
     return plan
-
-
-@lru_cache(maxsize=1024)
-def read_plan(text: str) -> BuildPlan:
-    """A plan ConfigMap's plan (immutable, and a frozen model: read once, not on every pass)."""
-    return BuildPlan.parse(text)
 
 
 def delete_superseded_jobs(p: Pass) -> None:

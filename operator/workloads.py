@@ -12,11 +12,13 @@ from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
 from tailor.operator.decision import Pass, owned_by
 from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.memo import Memo
 from tailor.operator.observe import job_finished
 from tailor.operator.resolve import mounted_claims
 from tailor.operator.settings import ALLOWED_LABEL
 
 SPEED_DEADLINE_S = 2 * 3600  # loading both models and measuring them; a speed Job never holds GPUs longer
+PLANS: Memo[BuildPlan] = Memo(1024)  # a plan ConfigMap's text -> its plan (frozen): parsed once, not every pass
 
 
 def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
@@ -82,8 +84,15 @@ def service_account(p: Pass, name: str) -> None:
 def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
     """The plan a Job reads, unless it is already there; immutable, as the Jobs that read it."""
     if p.owned("ConfigMap", name) is None:
+        text = plan.dump()
+        PLANS.put(text, plan)  # it reads back equal (tests/unit/test_operator_resolve.py)
         p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
-                  "data": {PLAN_FILE: plan.dump()}})
+                  "data": {PLAN_FILE: text}})
+
+
+def read_plan(text: str) -> BuildPlan:
+    """A plan ConfigMap's plan; one this operator wrote or read before is not parsed again."""
+    return PLANS.get(text, lambda: BuildPlan.parse(text))
 
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tailor.compressor.buildplan import DISTRIBUTED_STAGES, ONE_GPU_STAGES, BuildPlan
+from tailor.compressor.buildplan import DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan
 from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
-from tailor.operator import handlers
+from tailor.operator import handlers, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
 from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Create, Decision
 from tailor.operator.deployment import speed_sidecar
@@ -1025,3 +1025,14 @@ def test_a_pass_looks_again_when_it_has_cause_and_writes_the_status_only_when_it
     body["spec"]["jobs"]["queueName"] = "gpu-builds"
     queued.apply(body)
     assert step(queued, "q").requeue_s == QUEUED_REQUEUE_S
+
+
+def test_every_plan_the_operator_wrote_reads_back_as_the_plan_it_keeps(kube: FakeKube) -> None:
+    """The build's and each pool's package plan: what a pass keeps by the text (`workloads.PLANS`) is what the
+    text parses to, as the Jobs read it."""
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    assert kube.names("ConfigMap") == ["m-g1-package-h100", "m-g1-plan"]  # the a100 pool is skipped
+    texts = [kube.obj("ConfigMap", name)["data"][PLAN_FILE] for name in kube.names("ConfigMap")]
+    for text in texts:
+        assert workloads.PLANS.get(text, lambda: None) == BuildPlan.model_validate(yaml.safe_load(text))

@@ -249,3 +249,15 @@ def test_tailor_result_hands_back_a_stage_result_from_the_claim(tmp_path: Path) 
     saved.write_text(result.message())
     assert main(args) == 0
     assert (tmp_path / "termination-log").read_text() == result.message()
+
+
+@pytest.mark.parametrize("example_file", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_a_plan_reads_back_as_it_was_written(example_file: str) -> None:
+    """The operator keeps each plan it writes by its text (`workloads.PLANS`) instead of parsing it again: that
+    holds only because a plan's text reads back equal (the pools' package plans: test_operator_reconcile)."""
+    body = yaml.safe_load((REPO / "examples" / example_file).read_text())
+    body["metadata"] = OWNER["metadata"]
+    spec = CompressedModelSpec.model_validate(body["spec"])
+    plan = resolve(spec, body, 1, CATALOG, target_batch(spec, NODES, CATALOG).value)
+    assert BuildPlan.parse(plan.dump()) == plan
+    assert BuildPlan.parse(plan.dump()).dump() == plan.dump()
