@@ -193,4 +193,3 @@ class BuildPlan(_Model):
             return cls.model_validate(data)
         except ValidationError as error:
             raise PlanError(f"{path}: not a build plan: {problems(error)}") from error
-
