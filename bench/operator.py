@@ -112,9 +112,11 @@ def main() -> int:
         if args.floor:
             pairs = []
             for turn in range(args.repeat):  # floor, Tailor, floor, Tailor...: the machine's drift hits both
+                plotted = turn == 0  # the plots are of the pair the JSON's `floor` and `current` are
                 floor = bench(args, Path(scratch) / f"floor{turn}", None,
-                              args.out.with_name(f"{args.out.stem}-floor.png"), floor=True)
-                current = bench(args, Path(scratch) / f"current{turn}", None, args.out.with_suffix(".png"))
+                              args.out.with_name(f"{args.out.stem}-floor.png") if plotted else None, floor=True)
+                current = bench(args, Path(scratch) / f"current{turn}", None,
+                                args.out.with_suffix(".png") if plotted else None)
                 pairs.append({"floor": floor, "current": current, "ratiosToFloor": ratios(floor, current)})
             report = {**pairs[0], "ratiosToFloor": median_ratios([pair["ratiosToFloor"] for pair in pairs])}
             if args.repeat > 1:
@@ -143,8 +145,11 @@ def without_samples(report: dict[str, Any]) -> dict[str, Any]:
 
 def median_ratios(pairs: list[dict[str, float | None]]) -> dict[str, float | None]:
     """Per figure, the median of its ratio over the pairs (None where a pair has none)."""
-    return {key: None if any(pair.get(key) is None for pair in pairs) else round(statistics.median(
-        pair[key] for pair in pairs), 3) for key in pairs[0]}  # type: ignore[type-var]
+    medians: dict[str, float | None] = {}
+    for key in pairs[0]:
+        values = [pair.get(key) for pair in pairs]
+        medians[key] = None if None in values else round(statistics.median(v for v in values if v is not None), 3)
+    return medians
 
 
 def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float | None]:
@@ -165,10 +170,11 @@ def ratios(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, float
     return {key: round(after[key] / before[key], 3) if before.get(key) else None for key in after if key in before}
 
 
-def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path, floor: bool = False
+def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png: Path | None, floor: bool = False
           ) -> dict[str, Any]:
-    """One run on a fresh devcluster of its own; `pythonpath` first on the operator's path (a baseline); `floor`:
-    the floor controller (`bench/floor.py`, a process of its own) instead of the operator."""
+    """One run on a fresh devcluster of its own, plotted to `png` (None: not plotted); `pythonpath` first on the
+    operator's path (a baseline); `floor`: the floor controller (`bench/floor.py`, a process of its own) instead of
+    the operator."""
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ["TAILOR_DEVCLUSTER_DIR"] = f"{scratch}/devcluster"
     layout = cluster.up(pools_file(scratch, args.nodes), audit=True)
@@ -207,7 +213,7 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
     return report
 
 
-def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess.Popen[bytes], png: Path,
+def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess.Popen[bytes], png: Path | None,
         floor: bool) -> dict[str, Any]:
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
     objects = client.CustomObjectsApi(api)
@@ -260,7 +266,8 @@ def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess
         requests, passes = scrape("tailor_api_requests_total"), scrape("tailor_reconciles_total")
         report.update(apiRequestsPerModel=round(requests / args.models, 1),
                       reconcilesPerModel=round(passes / args.models, 1), stageSecondsMedian=stage_seconds(objects))
-    plot(seconds, png)
+    if png is not None:
+        plot(seconds, png)
     return report
 
 
