@@ -196,11 +196,15 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
         progress.started_at = progress.started_at or p.world.now
         message = job_outcome(p, job)
         if message is None:
-            active = (job.get("status") or {}).get("active", 0)
+            counts = job.get("status") or {}
+            active, ran = counts.get("active", 0), counts.get("succeeded", 0) + counts.get("failed", 0)
             why = p.world.waiting.get(name)
+            step = None if why else parse_progress(p.world.logs.get(name, ""))
+            if ran and not (why or step or active):
+                return False  # its pods ran and none runs now: the last word stands until the Job controller says
+                #              how the Job ended (or starts its next try), moments later
             progress.state, progress.reason = ("Pending", "Queued" if (job.get("spec") or {}).get("suspend")
                                                else "Unschedulable") if why else ("Running", None)
-            step = None if why else parse_progress(p.world.logs.get(name, ""))
             progress.progress = None if step is None else round(step.share, 3)
             progress.message = why or (step.describe(spec.compression.rounds if stage == "compress" else None)
                                        if step else f"{active} pod(s) running" if active else NO_POD_YET)

@@ -7,7 +7,9 @@ Only nodes that are Ready and report allocatable GPUs count: a node that is drai
 plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a revision
 it already serves there (node churn must not take serving down). Of the nodes' allocatable GPUs, those that pods
 bound to the node hold (`HeldGpus`, any namespace's unfinished pods, but not the revision being sized) are not capacity
-either: replicas are capped at what the free GPUs hold, and the status says how many GPUs other pods hold. A pool
+either: replicas are capped at what the free GPUs hold, and where that limits them the status says how many GPUs
+other pods hold (only there: other tenants' pods come and go, and a figure that follows them would rewrite every
+model's status as they do). A pool
 whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs
 weight-only (W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
 development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or the Python
@@ -333,13 +335,13 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     if held is None:
         notes.append("GPUs other pods hold are not known (the operator may not list pods cluster-wide): all "
                      f"{allocatable} allocatable GPUs counted as free")
-    elif taken:
-        notes.append(f"other pods hold {sum(taken.values())} of the pool's {allocatable} GPUs (on "
-                     f"{len(taken)} node(s)): room for {capacity} replica(s) of {tp} GPU(s)")
     if needed > min(deployment.max_replicas, capacity):
         limit = "maxReplicas" if deployment.max_replicas < capacity else "the pool's free GPUs"
         notes.append(f"{target} concurrent requests need {needed} replicas of {sizing.concurrency_per_replica}; "
                      f"{limit} allow {replicas}")
+        if taken and limit != "maxReplicas":  # only where they limit it: other tenants' pods come and go
+            notes.append(f"other pods hold {sum(taken.values())} of the pool's {allocatable} GPUs (on "
+                         f"{len(taken)} node(s)): room for {capacity} replica(s) of {tp} GPU(s)")
     return plan.model_copy(update={
         "tensor_parallel": tp, "concurrency_per_gpu": sizing.concurrency_per_gpu,
         "concurrency_per_replica": sizing.concurrency_per_replica, "target_concurrency": target,

@@ -288,12 +288,15 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     model = spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 96}}],
                       maxReplicas=16)
 
-    def sized(held: dict[str, int] | None) -> PoolPlan:
+    def sized(held: dict[str, int] | None, per_node: int = 96) -> PoolPlan:
         target = CATALOG.get(model.spec.compression.target_gpu.value)
         recipe = recipe_for(resolve_precision(model.spec.quantization.precision, target), CHILD)
         assert model.spec.deployment is not None
-        (plan,) = plan_deployment(model.spec.deployment, NODES, Built(arch=CHILD, recipe=recipe,
-                                                                       kv_dtype=KvDtype.FP8), CATALOG, held)
+        deployment = model.spec.deployment.model_copy(update={"pools": [
+            pool.model_copy(update={"concurrency": pool.concurrency.model_copy(update={"per_node": per_node})})
+            for pool in model.spec.deployment.pools]})
+        (plan,) = plan_deployment(deployment, NODES, Built(arch=CHILD, recipe=recipe, kv_dtype=KvDtype.FP8),
+                                  CATALOG, held)
         return plan
 
     free = sized({})
@@ -307,7 +310,11 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     busy = sized(held)
     assert busy.replicas == 6 and "other pods hold 10 of the pool's 16 GPUs (on 2 node(s)): room for 6" in " ".join(
         busy.notes)
-    assert "the pool's free GPUs allow 6" in busy.notes[-1]
+    assert "the pool's free GPUs allow 6" in busy.notes[-2]
+    # 32 requests need 4 replicas: with GPUs held or not, the pool has room, and nothing in the notes follows
+    # other tenants' pods as they come and go
+    assert sized({}, per_node=16).replicas == sized({h100_nodes[0]: 6}, per_node=16).replicas == 4
+    assert sized({h100_nodes[0]: 6}, per_node=16).notes == sized({}, per_node=16).notes
     assert sized({h100_nodes[0]: 12}).replicas == 8  # more than a node has: that node has none free
     unknown = sized(None)
     assert unknown.replicas == 16 and "GPUs other pods hold are not known" in " ".join(unknown.notes)

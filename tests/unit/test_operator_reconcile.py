@@ -1008,6 +1008,12 @@ def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
     compress = status["stages"][0]
     assert (compress["progress"], compress["message"]) == (0.268, "round 2/3: bld 412/1,536, eta 3h10m")
     assert status["progress"] == "Compress 27%"
+    # the pod is done and the Job controller has not said how the Job ended yet: the last word stands, unwritten
+    kube.merge_patch("kubelet", "Pod", "ns", pod, {"status": {"phase": "Succeeded"}})
+    kube.merge_patch("job-controller", "Job", "ns", job, {"status": {"active": 0, "ready": 0, "succeeded": 1}})
+    statuses = sum(1 for verb, _, _ in kube.writes if verb == "status")
+    assert step(kube).phase == "Compressing" and kube.status("m")["stages"][0] == compress
+    assert sum(1 for verb, _, _ in kube.writes if verb == "status") == statuses
 
 
 def test_a_pass_looks_again_when_it_has_cause_and_writes_the_status_only_when_it_says_more(kube: FakeKube) -> None:
