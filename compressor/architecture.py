@@ -21,6 +21,8 @@ from typing import Annotated, Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 MODELS_DIR = Path(__file__).parent / "models"
+MAX_BLOCKS = 4096  # layers a config may have: real models have a few hundred; more is not a model, and would be
+#                   built block by block before anything else could refuse it
 
 
 class ConfigError(ValueError):
@@ -310,10 +312,19 @@ class _Fields:
             raise self._fail(key, "is required (a string)" if value is None else f"must be a string, got {value!r}")
         return value
 
+    def layers(self, key: str) -> int:
+        """A count of layers: at most MAX_BLOCKS, checked before anything is built per layer."""
+        count = self.integer(key)
+        if count > MAX_BLOCKS:
+            raise self._fail(key, f"is {count}; at most {MAX_BLOCKS} layers are read")
+        return count
+
     def items(self, key: str, length: int | None = None) -> list[Any]:
         value = self.data.get(key)
         if not isinstance(value, list):
             raise self._fail(key, "is required (a list)" if value is None else f"must be a list, got {value!r}")
+        if len(value) > MAX_BLOCKS:
+            raise self._fail(key, f"has {len(value)} entries; at most {MAX_BLOCKS} layers are read")
         if length is not None and len(value) != length:
             raise self._fail(key, f"must have one entry per layer ({length}), got {len(value)}")
         return value
@@ -338,7 +349,7 @@ def _llama_attention(f: _Fields, kv_heads: int | None = None) -> Attention:
 
 
 def _llama_blocks(f: _Fields) -> list[Block]:
-    layers = f.integer("num_hidden_layers")
+    layers = f.layers("num_hidden_layers")
     block = Block(mixer=_llama_attention(f), ffn=Mlp(intermediate_size=f.integer("intermediate_size"), gated=True))
     return [block] * layers
 
@@ -350,7 +361,7 @@ def _deci_ffn_width(ffn_mult: float, hidden: int) -> int:
 
 def _nemotron_nas_blocks(f: _Fields) -> list[Block]:
     """`nemotron-nas` (DeciLM) children: per-layer attention and FFN choices in block_configs."""
-    layers = f.integer("num_hidden_layers")
+    layers = f.layers("num_hidden_layers")
     heads = f.integer("num_attention_heads")
     blocks = []
     for index, _ in enumerate(f.items("block_configs", layers)):
@@ -383,6 +394,8 @@ _NEMOTRON_H_TYPES = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 def _nemotron_h_types(f: _Fields) -> list[str]:
     if "hybrid_override_pattern" in f.data:
         pattern = f.text("hybrid_override_pattern")
+        if len(pattern) > MAX_BLOCKS:
+            raise f._fail("hybrid_override_pattern", f"has {len(pattern)} blocks; at most {MAX_BLOCKS} are read")
         unknown = sorted(set(pattern) - set(_NEMOTRON_H_TYPES))
         if unknown:
             raise ConfigError(f"{f.source}: field 'hybrid_override_pattern' has unknown block codes {unknown}; "

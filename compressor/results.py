@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,6 +25,9 @@ from tailor.compressor.files import write_text
 TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-log
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; more is not a config
 MAX_PARAMS = 10**14
+MAX_JSON_DEPTH = 64  # a config.json nests 3 or 4 levels
+STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+BRACKETS = re.compile(r"[\[\]{}]")
 Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Positive = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
@@ -70,6 +74,18 @@ def pack_config(config: dict[str, Any]) -> str:
     return base64.b64encode(packed).decode()
 
 
+def bounded_json(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads(text)` once its nesting is known to be at most `max_depth` (deeper JSON would exhaust the
+    parser's recursion); a ValueError naming `what` otherwise."""
+    depth = deepest = 0
+    for bracket in BRACKETS.finditer(STRINGS.sub('""', text)):
+        depth += 1 if bracket[0] in "[{" else -1
+        deepest = max(deepest, depth)
+        if deepest > max_depth:
+            raise ValueError(f"{what} nests deeper than {max_depth} levels")
+    return json.loads(text)
+
+
 def unpack_config(packed: str) -> dict[str, Any]:
     """The config a result carries; a ValueError for anything else, including more than MAX_CONFIG_BYTES."""
     try:
@@ -77,7 +93,7 @@ def unpack_config(packed: str) -> dict[str, Any]:
         text = stream.decompress(base64.b64decode(packed, validate=True), MAX_CONFIG_BYTES)
         if stream.unconsumed_tail or not stream.eof:
             raise ValueError(f"the packed config is incomplete or above {MAX_CONFIG_BYTES} bytes")
-        loaded = json.loads(text)
+        loaded = bounded_json(text.decode(), "the packed config")
     except (binascii.Error, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"the packed config is not gzip-compressed JSON in base64: {error}") from error
     if not isinstance(loaded, dict):

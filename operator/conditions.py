@@ -37,6 +37,7 @@ class Reason(StrEnum):
     CLAIM_NOT_ALLOWED = "ClaimNotAllowed"
     OWNED_ELSEWHERE = "OwnedElsewhere"  # an object with a name the operator derives belongs to someone else
     API_REJECTED = "ApiRejected"  # the API server refused one of the operator's writes (4xx)
+    UNDECIDABLE = "Undecidable"  # deciding raised MAX_DECIDE_TRIES passes running (a bug, data no check caught)
     ACTIVE_PARAMS_ABOVE_CAP = "ActiveParamsAboveCap"
     DOES_NOT_FIT = "DoesNotFit"  # a compression stage needs more memory per rank than spec.jobs' GPUs have
     CLAIM_TOO_SMALL = "ClaimTooSmall"  # the artifacts claim cannot hold what the build writes

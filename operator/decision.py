@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tailor.operator import names
 from tailor.operator.api import BuildStatus, CompressedModelStatus, Phase, StageName, StageProgress
-from tailor.operator.conditions import FAILED, READY, Reason, Refused, set_condition
+from tailor.operator.conditions import FAILED, READY, Reason, Refused, set_condition, without
 from tailor.operator.deployment import owner_reference
 from tailor.operator.observe import Observed
 from tailor.operator.settings import OperatorSettings
@@ -57,6 +57,7 @@ class Decision:
     events: list[Event]
     phase: Phase
     requeue_s: float
+    undecided: bool = False  # the object failed because deciding raised (`execute.reconcile`), not by a decision
 
 
 def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:
@@ -130,6 +131,8 @@ class Pass:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
     def outcome(self, phase: Phase) -> Decision:
+        if phase != "Failed" and any(c.type == FAILED for c in self.status.conditions):
+            self.recovered()
         self.status.phase = phase
         active = next((s for s in self.status.stages if s.state in ("Running", "Pending") and s.name != "Deploy"),
                       None)  # a build stage under way, for `kubectl get`: how far, or why it has not started
@@ -143,6 +146,16 @@ class Pass:
         requeue = QUEUED_REQUEUE_S if queued else SETTLED_REQUEUE_S if settled else PROGRESS_REQUEUE_S if (
             active and active.state == "Running") else WAITING_REQUEUE_S
         return Decision(self.status, self.actions, self.events, phase, requeue)
+
+    def recovered(self) -> None:
+        """What failed this generation holds no more (a pass decides again, a refused write went through): the
+        Failed condition goes, and Ready says what serves, if anything."""
+        self.status.conditions = without(self.status.conditions, FAILED)
+        serving = self.status.serving_generation
+        if serving is None:
+            self.status.conditions = without(self.status.conditions, READY)
+        else:
+            self.condition(READY, True, Reason.SERVING, f"generation {serving} serves")
 
     def fail(self, reason: str, message: str) -> Decision:
         if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):

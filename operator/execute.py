@@ -2,6 +2,10 @@
 status (only when it changed) and queue the Events (only once the status is written; `Kube.event` posts them
 in the background).
 
+A pass that raises while deciding (a bug, or an object's data no check caught: `decide` is pure, so the same
+data fails the same way) is tried `MAX_DECIDE_TRIES` times running, then the object is failed with reason
+Undecidable and the error, instead of being retried forever behind a log line.
+
 A write the API server refuses with a 4xx (other than 404 on a delete and 409 on a create, which mean the
 work is already done) ends the generation in `Failed` with reason ApiRejected, naming the object and the
 server's message; the operator never retries a refusal in a silent loop. 5xx and throttling are retried by
@@ -54,12 +58,36 @@ def apply(kube: Kube, world: Observed, decision: Decision, settings: OperatorSet
     return decision
 
 
-def reconcile(kube: Kube, namespace: str, name: str, settings: OperatorSettings) -> Decision | None:
-    """One pass on the object as the API server has it now (None once it is gone)."""
+MAX_DECIDE_TRIES = 3
+ERROR_CHARS = 1024  # of an exception's message in the status
+
+
+class DecideFailed(Exception):
+    """Deciding a pass raised; `tries` times running so far."""
+
+    def __init__(self, tries: int, error: Exception) -> None:
+        super().__init__(f"deciding failed ({tries} of {MAX_DECIDE_TRIES} tries): {type(error).__name__}: {error}")
+        self.tries = tries
+
+
+def reconcile(kube: Kube, namespace: str, name: str, settings: OperatorSettings, tries: int = 0
+              ) -> Decision | None:
+    """One pass on the object as the API server has it now (None once it is gone); `tries`: how many passes
+    before this one failed to decide, running."""
     world = observe(kube, namespace, name)
     if world is None:
         return None
-    decision = apply(kube, world, decide(world, settings), settings)
+    try:
+        decided = decide(world, settings)
+    except Exception as error:  # a bug or unchecked data: a Failed object says so, a crash loop would not
+        if tries + 1 < MAX_DECIDE_TRIES:
+            raise DecideFailed(tries + 1, error) from error
+        decided = Pass(world, settings, read_status(world.model.get("status"))).fail(
+            Reason.UNDECIDABLE, f"the operator failed to decide what to do with this object {MAX_DECIDE_TRIES} "
+                                f"times running ({type(error).__name__}: {str(error)[:ERROR_CHARS]}); it tries again "
+                                "when the object changes")
+        decided.undecided = True
+    decision = apply(kube, world, decided, settings)
     before = _dump(read_status(world.model.get("status")))
     after = _dump(decision.status)
     if after != before:

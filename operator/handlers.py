@@ -24,7 +24,7 @@ from kubernetes import client
 from tailor.operator import login, metrics, names
 from tailor.operator.api import GROUP, PLURAL, VERSION
 from tailor.operator.decision import PROGRESS_REQUEUE_S, owned_by
-from tailor.operator.execute import reconcile
+from tailor.operator.execute import DecideFailed, reconcile
 from tailor.operator.kube import Kube
 from tailor.operator.observe import job_finished
 from tailor.operator.rollout import REVISION_KINDS, available
@@ -135,7 +135,7 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
     """Reconcile until the object goes: after each pass, sleep until woken or until the pass's requeue time."""
     assert namespace is not None  # CompressedModels are namespaced
     wakeup = RUNTIME.wakeups.setdefault(uid, asyncio.Event())
-    backoff = 1.0
+    backoff, tries = 1.0, 0  # tries: passes that failed to decide, running (`execute.MAX_DECIDE_TRIES`)
     try:
         while not stopped:
             wakeup.clear()
@@ -143,7 +143,11 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
             assert RUNTIME.kube is not None
             try:
                 outcome = await asyncio.get_running_loop().run_in_executor(
-                    RUNTIME.passes, reconcile, RUNTIME.kube, namespace, name, RUNTIME.settings)
+                    RUNTIME.passes, reconcile, RUNTIME.kube, namespace, name, RUNTIME.settings, tries)
+            except DecideFailed as error:
+                metrics.RECONCILES.labels(result="error").inc()
+                logger.exception(f"{error}; trying again in {backoff:.0f}s")
+                tries, delay, backoff = error.tries, backoff, min(MAX_BACKOFF_S, backoff * 2)
             except Exception as error:  # the operator outlives any one failure; the next pass retries
                 metrics.RECONCILES.labels(result="error").inc()
                 logger.exception(f"reconcile failed, retrying in {backoff:.0f}s: {error}")
@@ -154,6 +158,7 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
                 metrics.RECONCILES.labels(result="ok").inc()
                 metrics.observe(uid, outcome.phase, time.monotonic() - started)
                 delay, backoff = progress_spaced(uid, outcome.requeue_s), 1.0
+                tries = tries if outcome.undecided else 0  # failed undecided: one try per pass from now on
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), timeout=delay)
                 await asyncio.sleep(DEBOUNCE_S)  # let a burst of events (a Job and its pods) settle into one pass

@@ -5,16 +5,22 @@ server, the Job, Deployment, HPA and garbage-collection controllers, the schedul
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from tailor.compressor.hardware import GpuCatalog
-from tailor.devcluster.simulated import published_results
+from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 
 from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase
 from conftest import wait_for
+
+COMPRESS_RESULT = RESULT_ANNOTATION.format(stage="compress")
 
 
 def example(name: str, annotations: dict[str, str], **deployment: Any) -> dict[str, Any]:
@@ -286,3 +292,30 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient
         assert core.read_namespaced_pod("training", other).status.phase == "Running"
     finally:
         core.delete_namespace(other)
+
+
+def test_hostile_results_fail_their_objects_and_the_operator_serves_the_rest(
+        api: client.ApiClient, namespace: str, operator: Any) -> None:
+    """A compress result whose child config nests 100,000 levels deep, and one whose child has a hundred million
+    layers: each object ends Failed (InvalidResult) naming what is wrong, the operator neither loops nor grows (its
+    peak memory stays within what it holds for a few objects), and an honest object beside them is served."""
+    objects = client.CustomObjectsApi(api)
+    honest = published_results()
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 10**8,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
+    hostile = {"deep": b"[" * 100_000 + b"]" * 100_000, "layers": json.dumps(llama).encode()}
+    for name, config in hostile.items():
+        result = {**json.loads(honest[COMPRESS_RESULT]), "config": base64.b64encode(gzip.compress(config)).decode()}
+        OBJECTS.create(objects, namespace, example(name, {**honest, COMPRESS_RESULT: json.dumps(result)}))
+    OBJECTS.create(objects, namespace, example("honest", honest))
+    says = {"deep": "nests deeper than 64 levels", "layers": "at most 4096 layers"}
+    for name, expected in says.items():
+        failed = wait_phase(objects, namespace, name, "Failed", operator)
+        condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+        assert condition["reason"] == "InvalidResult" and expected in condition["message"], condition
+    wait_phase(objects, namespace, "honest", "Ready", operator)
+    assert operator.process.poll() is None
+    peak_mib = int(next(line.split()[1] for line in Path(f"/proc/{operator.process.pid}/status").read_text()
+                        .splitlines() if line.startswith("VmHWM:"))) / 1024
+    assert peak_mib < 256, f"the operator peaked at {peak_mib:.0f} MiB"  # a hundred million blocks: gigabytes
+    assert "reconcile failed" not in operator.log_tail(200)

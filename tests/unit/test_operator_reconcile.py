@@ -5,9 +5,12 @@ no torch. The devcluster tests (tests/cluster/test_operator.py) run the same lif
 
 from __future__ import annotations
 
+import base64
 import copy
+import gzip
 import json
 import math
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,11 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
-from tailor.operator import handlers, workloads
+from tailor.operator import execute, handlers, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
 from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Create, Decision
 from tailor.operator.deployment import speed_sidecar
-from tailor.operator.execute import reconcile
+from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
 from tailor.operator.observe import job_finished
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
@@ -417,18 +420,19 @@ def _compress(config: str, **fields: Any) -> str:
     return json.dumps({"stage": "compress", **values, **fields})
 
 
-def _bomb() -> str:
-    import base64
-    import gzip
-
-    return base64.b64encode(gzip.compress(b'{"a": "' + b"0" * (64 << 20) + b'"}')).decode()
+def _packed(raw: bytes) -> str:
+    """Bytes packed as a result packs its config (gzip, base64), whatever they are."""
+    return base64.b64encode(gzip.compress(raw)).decode()
 
 
 @pytest.mark.parametrize(("label", "stage", "message", "says"), [
     ("not JSON", "compress", "Segmentation fault (core dumped)", "Invalid JSON"),
     ("an extra field", "compress", _compress(pack_config(LLAMA), extra=1), "extra"),
     ("a negative size", "compress", _compress(pack_config(LLAMA), params=-1), "params"),
-    ("a decompression bomb", "compress", _compress(_bomb()[:4000]), "packed config"),
+    ("a decompression bomb", "compress", _compress(_packed(b'{"a": "' + b"0" * (64 << 20) + b'"}')[:4000]),
+     "packed config"),
+    ("deeply nested JSON", "compress", _compress(_packed(b"[" * 100_000 + b"]" * 100_000)),
+     "nests deeper than 64 levels"),
     ("an unknown model type", "compress", _compress(pack_config({"model_type": "gpt-x", "hidden_size": 8})),
      "gpt-x"),
     ("a recipe of another precision", "quantize", QuantizeResult(
@@ -453,13 +457,54 @@ def test_a_result_that_is_not_what_tailor_writes_fails_the_stage(kube: FakeKube,
     assert (len(condition["message"]) < 2048 and failed.status.architecture is None) or stage != "compress"
 
 
-def test_a_child_with_too_many_blocks_is_refused(kube: FakeKube) -> None:
-    config = {**LLAMA, "num_hidden_layers": 5000}
+@pytest.mark.parametrize(("config", "says"), [
+    ({**LLAMA, "num_hidden_layers": 10**8}, "'num_hidden_layers' is 100000000; at most 4096 layers"),
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M" * 10**5}, "has 100000 blocks; at most 4096"),
+    ({"model_type": "nemotron_h", "layers_block_type": ["mamba"] * 10**5}, "has 100000 entries; at most 4096"),
+])
+def test_a_child_with_too_many_blocks_is_refused_before_they_are_built(kube: FakeKube, config: dict[str, Any],
+                                                                       says: str) -> None:
+    """A layer count is checked before anything is built per layer: a hundred million layers cost nothing."""
     results = published_results()
     results[RESULT_ANNOTATION.format(stage="compress")] = _compress(pack_config(config))
     kube.apply(manifest(results=results))
-    drive(kube, "Failed")
-    assert "5000 blocks" in kube.condition("m", "Failed")["message"]
+    tracemalloc.start()
+    try:
+        drive(kube, "Failed")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert says in kube.condition("m", "Failed")["message"]
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB to refuse it"
+
+
+def test_a_pass_that_cannot_decide_fails_its_object_after_a_few_tries(kube: FakeKube,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever deciding raises (a bug, data no check caught), the object ends Failed with the error after
+    MAX_DECIDE_TRIES passes running, instead of a retry loop behind a log line; then one try per pass, with
+    nothing new written while it fails the same way, and the object moves on once deciding works again."""
+    kube.apply(manifest())
+    step(kube)
+
+    def broken(world: Any, settings: Any) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(execute, "decide", broken)
+    for tries in range(MAX_DECIDE_TRIES - 1):
+        with pytest.raises(DecideFailed) as raised:
+            reconcile(kube, "ns", "m", SETTINGS, tries)
+        assert raised.value.tries == tries + 1
+    assert kube.status("m")["phase"] == "Compressing"  # not failed on a first try
+    failed = reconcile(kube, "ns", "m", SETTINGS, MAX_DECIDE_TRIES - 1)
+    assert failed is not None and failed.phase == "Failed" and failed.undecided
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "Undecidable" and "RecursionError: maximum recursion depth" in condition["message"]
+    writes = len(kube.writes)
+    again = reconcile(kube, "ns", "m", SETTINGS, MAX_DECIDE_TRIES - 1)
+    assert again is not None and again.undecided and len(kube.writes) == writes
+    monkeypatch.undo()
+    assert step(kube).phase == "Compressing"
+    assert "Failed" not in {c["type"] for c in kube.status("m")["conditions"]}
 
 
 def test_a_job_that_succeeded_without_a_result_fails_with_no_result(kube: FakeKube) -> None:
