@@ -157,8 +157,9 @@ class Pass:
         else:
             self.condition(READY, True, Reason.SERVING, f"generation {serving} serves")
 
-    def fail(self, reason: str, message: str) -> Decision:
-        if not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):
+    def fail(self, reason: str, message: str, event: bool = True) -> Decision:
+        """The generation ends Failed; a Warning says so once (`event` False: it was said already)."""
+        if event and not (self.status.phase == "Failed" and self.status.observed_generation == self.generation):
             self.event(reason, message, warning=True)
         self.condition(FAILED, True, reason, message)
         serving = self.status.serving_generation

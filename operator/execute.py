@@ -14,6 +14,8 @@ server's message; the operator never retries a refusal in a silent loop. 5xx and
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -23,6 +25,7 @@ from tailor.operator.conditions import Reason
 from tailor.operator.decide import decide
 from tailor.operator.decision import Create, Decision, Delete, Pass, Patch, read_status
 from tailor.operator.kube import Kube
+from tailor.operator.memo import Memo
 from tailor.operator.observe import Observed, observe
 from tailor.operator.settings import OperatorSettings
 
@@ -34,27 +37,42 @@ def server_message(error: ApiException) -> str:
         return str(error.body or error.reason)[:512]
 
 
+REFUSED: Memo[str] = Memo(4096)  # (object uid, generation, a write's digest) -> what the API server said
+
+
+def refusal_key(world: Observed, write: Any) -> tuple[str, int, str]:
+    """A write of this object's generation, as the API server was (or will be) asked it."""
+    meta = world.model["metadata"]
+    text = json.dumps(write, sort_keys=True, default=str)
+    return str(meta["uid"]), int(meta["generation"]), hashlib.sha256(text.encode()).hexdigest()
+
+
 def apply(kube: Kube, world: Observed, decision: Decision, settings: OperatorSettings) -> Decision:
-    """Carry out the actions in order; a refused write fails the generation instead."""
+    """Carry out the actions in order; a refused write fails the generation instead, and is not sent again for
+    this generation (the same write would be refused the same way: a spec change sends it again)."""
     meta = world.model["metadata"]
     owner, namespace = f"{meta['namespace']}/{meta['name']}", meta["namespace"]
     for action in decision.actions:
-        try:
-            if isinstance(action, Create):
-                kube.create(owner, action.manifest)
-            elif isinstance(action, Delete):
-                kube.delete(owner, action.kind, namespace, action.name)
-            elif isinstance(action, Patch):
-                kube.merge_patch(owner, action.kind, namespace, action.name, action.patch)
-        except ApiException as error:
-            if error.status is None or not 400 <= error.status < 500:
-                raise
-            kind, name = ((action.manifest["kind"], action.manifest["metadata"]["name"])
-                          if isinstance(action, Create) else (action.kind, action.name))
-            verb = type(action).__name__.lower()
-            failed = Pass(world, settings, decision.status, events=decision.events)
-            return failed.fail(Reason.API_REJECTED, f"the API server refused to {verb} {kind} {name}: "
-                                                    f"{error.status} {server_message(error)}")
+        key = refusal_key(world, dataclasses.asdict(action) | {"verb": type(action).__name__})
+        if (said := REFUSED.find(key)) is None:
+            try:
+                if isinstance(action, Create):
+                    kube.create(owner, action.manifest)
+                elif isinstance(action, Delete):
+                    kube.delete(owner, action.kind, namespace, action.name)
+                elif isinstance(action, Patch):
+                    kube.merge_patch(owner, action.kind, namespace, action.name, action.patch)
+                continue
+            except ApiException as error:
+                if error.status is None or not 400 <= error.status < 500:
+                    raise
+                kind, name = ((action.manifest["kind"], action.manifest["metadata"]["name"])
+                              if isinstance(action, Create) else (action.kind, action.name))
+                said = (f"the API server refused to {type(action).__name__.lower()} {kind} {name}: {error.status} "
+                        f"{server_message(error)}")
+                REFUSED.put(key, said)
+                return Pass(world, settings, decision.status, events=decision.events).fail(Reason.API_REJECTED, said)
+        return Pass(world, settings, decision.status).fail(Reason.API_REJECTED, said, event=False)  # said before
     return decision
 
 
@@ -91,16 +109,20 @@ def reconcile(kube: Kube, namespace: str, name: str, settings: OperatorSettings,
     before = _dump(read_status(world.model.get("status")))
     after = _dump(decision.status)
     if after != before:
+        key = refusal_key(world, "status")  # its times move each pass: once refused, only the report this generation
         try:
-            kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, after))
+            if (said := REFUSED.find(key)) is None:
+                kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, after))
         except ApiException as error:
             if error.status is None or not 400 <= error.status < 500:
                 raise
-            # the status itself was refused: say so in a status the server takes (it validated the old one)
-            refused = Pass(world, settings, read_status(world.model.get("status"))).fail(
-                Reason.API_REJECTED, f"the API server refused the status of CompressedModel {name}: "
-                                     f"{error.status} {server_message(error)[:1024]}")
-            kube.patch_status(f"{namespace}/{name}", namespace, name, merge_patch(before, _dump(refused.status)))
+            said = (f"the API server refused the status of CompressedModel {name}: "
+                    f"{error.status} {server_message(error)[:1024]}")
+            REFUSED.put(key, said)
+        if said is not None:  # the status itself was refused: say so in one the server takes (it took the old one)
+            refused = Pass(world, settings, read_status(world.model.get("status"))).fail(Reason.API_REJECTED, said)
+            if (report := merge_patch(before, _dump(refused.status))):
+                kube.patch_status(f"{namespace}/{name}", namespace, name, report)
             decision = refused
     for event in decision.events:
         kube.event(f"{namespace}/{name}", world.model, event.type, event.reason, event.message)

@@ -20,13 +20,19 @@ class Memo(Generic[T]):
         self._size, self._lock = size, threading.Lock()
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        if (found := self.find(key)) is not None:
+            return found
+        value = compute()  # outside the lock: two threads may both compute a missing entry, never a wrong one
+        self.put(key, value)
+        return value
+
+    def find(self, key: Hashable) -> T | None:
+        """The value kept for `key`, if any."""
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
-        value = compute()  # outside the lock: two threads may both compute a missing entry, never a wrong one
-        self.put(key, value)
-        return value
+            return None
 
     def put(self, key: Hashable, value: T) -> None:
         with self._lock:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import datetime
-import itertools
 import json
+import re
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -22,6 +23,11 @@ from tailor.operator.kube import Kube
 from tailor.operator.pools import HeldGpus, held_gpus
 
 Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def _field(message: str) -> str:
+    """The status field a validation message names first: `status.stages[0].message: Too long` -> stages."""
+    return re.split(r"[.\[:]", message.removeprefix("status."), maxsplit=1)[0]
 
 
 def _apply(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -49,16 +55,17 @@ class FakeKube(Kube):
         self.store: dict[Key, dict[str, Any]] = {}
         self.requests: Counter[str] = Counter()
         self.writes: list[tuple[str, str, str]] = []  # (verb, kind, name)
+        self.refused: list[tuple[str, str, str]] = []  # writes sent and refused (`refusals`), not in `writes`
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
         self.logs: dict[tuple[str, str, str], str] = {}  # (namespace, pod, container) -> its log
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}  # (verb, kind) -> (status, message)
         self.node_list = nodes if nodes is not None else ready_nodes()
-        self._uids = itertools.count(1)
 
     # --- the Kube interface ------------------------------------------------------------------------
 
-    def _refuse(self, verb: str, kind: str) -> None:
+    def _refuse(self, verb: str, kind: str, name: str) -> None:
         if (verb, kind) in self.refusals:
+            self.refused.append((verb, kind, name))
             status, message = self.refusals[(verb, kind)]
             raise ApiException(status=status, reason="Refused", body=json.dumps({"message": message}))
 
@@ -77,20 +84,20 @@ class FakeKube(Kube):
     def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
         self.requests[owner] += 1
         meta = manifest["metadata"]
-        self._refuse("create", manifest["kind"])
+        self._refuse("create", manifest["kind"], meta["name"])
         key = (manifest["kind"], meta["namespace"], meta["name"])
         if key in self.store:
             return None
         self.writes.append(("create", manifest["kind"], meta["name"]))
         stored = copy.deepcopy(manifest)
-        stored["metadata"].update(uid=f"uid-{next(self._uids)}", generation=1,
+        stored["metadata"].update(uid=str(uuid.uuid4()), generation=1,
                                   creationTimestamp=datetime.datetime.now(datetime.UTC).isoformat())
         self.store[key] = stored
         return copy.deepcopy(stored)
 
     def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.requests[owner] += 1
-        self._refuse("patch", kind)
+        self._refuse("patch", kind, name)
         self.writes.append(("patch", kind, name))
         target = self.store[(kind, namespace, name)]
         _apply(target, patch)
@@ -99,7 +106,7 @@ class FakeKube(Kube):
 
     def delete(self, owner: str, kind: str, namespace: str, name: str) -> bool:
         self.requests[owner] += 1
-        self._refuse("delete", kind)
+        self._refuse("delete", kind, name)
         gone = self.store.pop((kind, namespace, name), None)
         if gone is None:
             return False
@@ -112,9 +119,9 @@ class FakeKube(Kube):
 
     def patch_status(self, owner: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.requests[owner] += 1
-        if "conditions" in status and any(c.get("reason") == "ApiRejected" for c in status["conditions"] or []):
-            self.refusals.pop(("status", "CompressedModel"), None)  # the refusal's own report goes through
-        self._refuse("status", "CompressedModel")
+        refusal = self.refusals.get(("status", "CompressedModel"))
+        if refusal is not None and _field(refusal[1]) in status:  # as validation would: a patch writing that field
+            self._refuse("status", "CompressedModel", name)
         self.writes.append(("status", "CompressedModel", name))
         target = self.store[("CompressedModel", namespace, name)]
         target.setdefault("status", {})

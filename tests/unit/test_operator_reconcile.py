@@ -22,7 +22,7 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
-from tailor.operator import execute, handlers, workloads
+from tailor.operator import execute, handlers, names, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
 from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Create, Decision
 from tailor.operator.deployment import speed_sidecar
@@ -130,7 +130,7 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     assert revision["spec"]["template"]["spec"]["containers"][0]["image"] == TRITON_VLLM_IMAGE
     engine = json.loads(revision["metadata"]["annotations"]["tailor.dev/engine-args"])
     sizing = package.pool.sizing
-    checkpoint = "/models/m-uid-1/g1/triton-h100/repository/m/1/checkpoint"  # where the pod mounts the claim
+    checkpoint = f"/models/{names.folder(kube.model('m'))}/g1/triton-h100/repository/m/1/checkpoint"  # mounted
     # 8 requests' KV and Mamba state in vLLM's pages (each Mamba state padded to an attention page of 6,272
     # tokens, the smallest multiple of 16 that holds one) and one page: 0.36% above the unpaged bytes
     reserved = engine.pop("kv_cache_memory_bytes")
@@ -177,7 +177,7 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     [triton], [speed] = pod["initContainers"], pod["containers"]
     assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", TRITON_VLLM_IMAGE,
                                                                             ["tritonserver"])
-    assert "--model-repository=/models/m-uid-1/g1/speed-h100/repository" in triton["args"]
+    assert f"--model-repository=/models/{names.folder(kube.model('m'))}/g1/speed-h100/repository" in triton["args"]
     assert triton["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert {"name": "artifacts", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in triton["env"]
@@ -401,8 +401,38 @@ def test_a_write_the_api_server_refuses_fails_naming_the_object_and_the_message(
     assert condition["reason"] == "ApiRejected"
     assert "Job m-g1-compress" in condition["message"] and "422" in condition["message"]
     assert "metadata.name: too long" in condition["message"]
-    assert step(kube).phase == "Failed"  # settled, not a retry loop: the refused create is not sent again
+    assert kube.refused == [("create", "Job", "m-g1-compress")]
+    warnings = [e for e in failed.events if e.reason == "ApiRejected"]
+    for _ in range(3):  # settled, not a retry loop: the refused create is not sent again, nor said again
+        again = step(kube)
+        assert again.phase == "Failed" and not any(e.reason == "ApiRejected" for e in again.events)
+    assert kube.refused == [("create", "Job", "m-g1-compress")] and len(warnings) == 1
     assert ("create", "Job", "m-g1-compress") not in kube.writes
+    # a spec change is a new generation: the create is sent again; once it goes through, Failed goes
+    del kube.refusals[("create", "Job")]
+    kube.update_spec("m", {"jobs": {"backoffLimit": 2}})
+    assert step(kube).phase == "Compressing" and ("create", "Job", "m-g1-compress") in kube.writes  # build 1 reused
+    assert "Failed" not in {c["type"] for c in kube.status("m")["conditions"]}
+
+
+def test_a_refused_write_is_sent_again_when_it_changes_and_failed_clears_when_it_goes_through(
+        kube: FakeKube) -> None:
+    """The same generation, another write (the nodes changed the revision's sizing): it is sent; once the
+    writes go through, the Failed condition and the Failed Ready go with the cause."""
+    kube.apply(manifest())
+    drive(kube, "Deploying")
+    kube.refusals[("create", "Deployment")] = (403, 'deployments.apps is forbidden: exceeded quota: gpus')
+    controllers(kube)  # the package Jobs finish: the revisions are next
+    assert step(kube).phase == "Failed" and len(kube.refused) == 1
+    assert step(kube).phase == "Failed" and len(kube.refused) == 1  # the same write: not sent again
+    del kube.refusals[("create", "Deployment")]
+    h100 = next(n for n in kube.node_list if n["metadata"]["labels"].get("nvidia.com/gpu.product") == H100[
+        "nvidia.com/gpu.product"])
+    kube.node_list.remove(h100)  # one H100 node fewer: the pool's revision is sized again, another write
+    deploying = step(kube)
+    assert deploying.phase == "Deploying" and kube.refused == [("create", "Deployment", "m-h100-g1")]
+    assert "Failed" not in {c["type"] for c in kube.status("m")["conditions"]}
+    assert "Ready" not in {c["type"] for c in kube.status("m")["conditions"]}  # nothing serves yet
 
 
 # --- hardening: results are untrusted input --------------------------------------------------------------
@@ -896,6 +926,9 @@ def test_a_status_the_api_server_refuses_is_reported_in_one_it_takes(kube: FakeK
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "ApiRejected" and "status.stages[0].message: Too long" in condition["message"]
+    writes = len(kube.writes)
+    assert step(kube).phase == step(kube).phase == "Failed"  # the same status is not sent again, nor the report
+    assert len(kube.refused) == 1 and len(kube.writes) == writes
 
 
 def test_a_serving_revision_stays_ready_while_its_hpa_adds_replicas(kube: FakeKube) -> None:
