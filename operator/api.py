@@ -702,6 +702,18 @@ class QualityReport(StatusModel):
     passed: bool | None = None
 
 
+class RevisionFailure(StatusModel):
+    """A revision of this generation that could not become available on the pool, and what makes the operator
+    try the pool again: a spec change (any; a new generation), or, where its pods could not be scheduled, free
+    GPUs for the replicas it asked for."""
+
+    generation: int = Field(ge=1)
+    deployment: str
+    replicas: int = Field(ge=0, description="The replicas it asked for.")
+    retry: Literal["SpecChange", "Capacity"]
+    message: str = Field(max_length=8192, description="Why it failed, and what its pods said.")
+
+
 class PoolStatus(StatusModel):
     """Sizing and readiness of one node pool's deployment."""
 
@@ -721,6 +733,8 @@ class PoolStatus(StatusModel):
     ready_replicas: int | None = Field(default=None, ge=0)
     startup_seconds: int | None = Field(default=None, ge=0, description="How long a replica may take to become "
                                         "ready (spec, or derived from the weights and the engine).")
+    failed: RevisionFailure | None = Field(default=None, description="This generation's revision that failed here "
+                                           "and what retries it; none is made again until then.")
 
 
 class BuildStatus(StatusModel):

@@ -42,6 +42,7 @@ class Observed:
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
     evidence: dict[str, str] = field(default_factory=dict)  # stalled Deployment -> what its pods say
+    unscheduled: frozenset[str] = frozenset()  # stalled Deployments with a pod the scheduler found no room for
     logs: dict[str, str] = field(default_factory=dict)  # running build Job -> the end of its rank-0 pod's log
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
@@ -90,17 +91,22 @@ def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
     return {job: message for job, (_, message) in found.items()}
 
 
+def not_scheduled(pod: dict[str, Any]) -> str | None:
+    """The scheduler's reason it cannot place a pending pod (which resource, on which nodes), else None."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Pending":
+        return None
+    return next((str(c.get("message", "")) for c in status.get("conditions") or []
+                 if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"), None)
+
+
 def unschedulable(pods: list[dict[str, Any]]) -> dict[str, str]:
-    """Per Job, the scheduler's reason for one of its pods it cannot place (which resource, on which nodes)."""
+    """Per Job, the scheduler's reason for one of its pods it cannot place."""
     found: dict[str, str] = {}
     for pod in pods:
         job = (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name")
-        status = pod.get("status") or {}
-        if job is None or status.get("phase") != "Pending":
-            continue
-        for condition in status.get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                found[job] = f"pod {pod['metadata']['name']} cannot be scheduled: {condition.get('message', '')}"
+        if job is not None and (why := not_scheduled(pod)) is not None:
+            found[job] = f"pod {pod['metadata']['name']} cannot be scheduled: {why}"
     return found
 
 
@@ -213,12 +219,14 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     running = {job["metadata"]["name"] for job in unfinished}
     logs = {job: _log_tail(kube, owner, namespace, pod, container)
             for job, (pod, container) in running_rank0(pods).items() if job in running}
-    evidence = {d["metadata"]["name"]: pod_evidence([
-        pod for pod in pods if names.selects(d["spec"]["selector"]["matchLabels"], pod["metadata"].get("labels"))])
-        for d in stalled_revisions}
+    revision_pods = {d["metadata"]["name"]: [pod for pod in pods if names.selects(
+        d["spec"]["selector"]["matchLabels"], pod["metadata"].get("labels"))] for d in stalled_revisions}
+    evidence = {name: pod_evidence(found) for name, found in revision_pods.items()}
+    unscheduled = frozenset(name for name, found in revision_pods.items()
+                            if any(not_scheduled(pod) is not None for pod in found))
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
                     gpu_pods=kube.gpu_pods(owner) if needs_nodes and built else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
-                    evidence=evidence, logs=logs)
+                    evidence=evidence, unscheduled=unscheduled, logs=logs)

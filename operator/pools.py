@@ -66,6 +66,7 @@ class PoolPlan(BaseModel):
     concurrency_per_replica: int | None = None
     target_concurrency: int | None = None
     replicas: int | None = None  # for the target, within [minReplicas, maxReplicas] and the pool's GPUs
+    capacity: int | None = None  # replicas the pool's free GPUs hold
     recipe: str | None = None
     kv_dtype: KvDtype | None = None
     engine: Engine | None = None
@@ -345,7 +346,7 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     return plan.model_copy(update={
         "tensor_parallel": tp, "concurrency_per_gpu": sizing.concurrency_per_gpu,
         "concurrency_per_replica": sizing.concurrency_per_replica, "target_concurrency": target,
-        "replicas": replicas, "sizing": sizing, "notes": notes})
+        "replicas": replicas, "capacity": capacity, "sizing": sizing, "notes": notes})
 
 
 def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built, catalog: GpuCatalog,

@@ -5,7 +5,9 @@ What node churn may not do: a pool whose nodes are NotReady, report no GPUs or w
 skipped for new revisions, but whatever it serves keeps serving. Only a pool removed from the spec loses its
 revisions and Service, and only once every pool of the spec serves this generation. A revision that cannot
 become available (its Deployment reports ProgressDeadlineExceeded) is deleted, freeing its GPUs, and fails
-the generation; the previous revision keeps serving.
+the generation; the previous revision keeps serving, and the status records the failure on the pool
+(`status.pools[].failed`): no revision is made there again for this generation, only after a spec change or,
+where its pods could not be scheduled, once the pool's free GPUs hold the replicas it asked for.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from tailor.compressor.memory import RECIPES, KvDtype
 from tailor.compressor.results import unpack_config
 from tailor.compressor.serving.engines import Engine, engine_args, reads_own_config_class, served_checkpoint
 from tailor.operator import names, speedup
-from tailor.operator.api import CompressedModelSpec, DeploymentSpec, Endpoint, NodePoolTarget, PoolStatus
+from tailor.operator.api import (
+    CompressedModelSpec,
+    DeploymentSpec,
+    Endpoint,
+    NodePoolTarget,
+    PoolStatus,
+    RevisionFailure,
+)
 from tailor.operator.conditions import DEPLOYED, FAILED, READY, Reason, Refused, without
 from tailor.operator.decision import Decision, Pass, Patch
 from tailor.operator.deployment import (
@@ -111,6 +120,11 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
             return status, None
         if not package(p, spec, plan, sized):
             return status, False
+        if (failure := earlier_failure(p, pool.name)) is not None:
+            if failure.retry == "SpecChange" or (sized.capacity or 0) < failure.replicas:
+                raise Refused(Reason.REVISION_FAILED, failed_message(failure))  # it stays failed
+            p.event("RevisionRetried", f"pool {pool.name} has free GPUs for the {failure.replicas} replica(s) "
+                                       f"{failure.deployment} asked for: a new one is made")
         create_revision(p, spec, plan, sized, first=current is None)
         if current is None:
             status.revision = revision
@@ -119,9 +133,15 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
     if (problem := stalled(mine)) is not None:  # what its pods say goes into the status and an Event first
         name = mine["metadata"]["name"]
         evidence = p.world.evidence.get(name, "its pods were not read")
+        failure = RevisionFailure(generation=p.generation, deployment=name,
+                                  replicas=(mine.get("spec") or {}).get("replicas", 1),
+                                  retry="Capacity" if name in p.world.unscheduled else "SpecChange",
+                                  message=f"Deployment {name} cannot become available: {problem}\n{evidence}"[:8192])
         p.event("RevisionFailed", f"Deployment {name} cannot become available: {problem}; {evidence}")
         delete_revision(p, name)
-        raise Refused(Reason.REVISION_FAILED, f"Deployment {name} cannot become available: {problem}\n{evidence}")
+        status.failed = failure
+        p.status.pools = [s for s in p.status.pools if s.name != pool.name] + [status]  # kept: the pass fails here
+        raise Refused(Reason.REVISION_FAILED, failed_message(failure))
     ready, count = available(mine, deployment.min_replicas if serving == revision else None)
     if current is None:  # the revision's engine, as it was created (the nodes may say otherwise now)
         engine = Engine(mine["metadata"].get("annotations", {}).get(ENGINE_ANNOTATION, Engine.VLLM))
@@ -138,6 +158,20 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                 if other["metadata"]["labels"].get(names.REVISION) != revision:
                     delete_revision(p, other["metadata"]["name"])
     return status, ready and status.revision == revision
+
+
+def earlier_failure(p: Pass, pool: str) -> RevisionFailure | None:
+    """This generation's revision that failed on the pool, as the status recorded it."""
+    found = next((s.failed for s in p.status.pools if s.name == pool and s.failed is not None), None)
+    return found if found is not None and found.generation == p.generation else None
+
+
+def failed_message(failure: RevisionFailure) -> str:
+    """The failure and what retries it."""
+    retry = (f"the pool is tried again once its free GPUs hold the {failure.replicas} replica(s) it asked for, or "
+             "when the spec changes" if failure.retry == "Capacity" else "the pool is tried again when the spec "
+             "changes")
+    return f"{failure.message}\n{retry}"
 
 
 def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan, first: bool) -> None:

@@ -742,6 +742,51 @@ def test_a_revision_that_cannot_become_available_fails_and_frees_its_gpus(kube: 
         assert any(reason == "RevisionFailed" and said in message for _, reason, message in kube.events), said
     assert kube.names("Deployment") == ["m-h100-g1"]  # the stalled revision is gone, the old one serves
     assert kube.condition("m", "Ready")["status"] == "True"
+    # it stays failed: no new revision (no loop of create, deadline, delete), nothing new said, and the status
+    # says what retries the pool
+    (pool,) = [s for s in kube.status("m")["pools"] if s["name"] == "h100"]
+    assert (pool["failed"]["deployment"], pool["failed"]["retry"]) == ("m-h100-g2", "SpecChange")
+    assert "tried again when the spec changes" in failed["message"]
+    said = len(kube.events)
+    for _ in range(3):
+        assert step(kube).phase == "Failed"
+    assert kube.names("Deployment") == ["m-h100-g1"] and len(kube.events) == said
+    kube.update_spec("m", {"deployment": {"tritonImage": TRITON_VLLM_IMAGE}})  # fixed: a new revision
+    assert run(kube, 3, revisions=False).phase == "Deploying" and "m-h100-g3" in kube.names("Deployment")
+    assert not any("failed" in s for s in kube.status("m")["pools"]) and "Failed" not in {
+        c["type"] for c in kube.status("m")["conditions"]}
+
+
+def test_a_revision_with_no_room_to_schedule_is_tried_again_once_the_pool_has_free_gpus(kube: FakeKube) -> None:
+    """Its pods could not be scheduled: the revision fails and is deleted, and the pool is tried again only once
+    its free GPUs hold the replicas the revision asked for (not at once, not in a loop)."""
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"deployment": {"tritonImage": "ghcr.io/tailor-dev/tailor-runtime:2"}})
+    assert run(kube, 4, revisions=False).phase == "Deploying"
+    asked = kube.obj("Deployment", "m-h100-g2")["spec"]["replicas"]
+    kube.stall("m-h100-g2")
+    labels = kube.obj("Deployment", "m-h100-g2")["spec"]["selector"]["matchLabels"]
+    kube.create("scheduler", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "m-h100-g2-abc-1", "namespace": "ns", "labels": labels}, "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 2 Insufficient nvidia.com/gpu"}]}})
+    h100s = [n["metadata"]["name"] for n in kube.node_list
+             if n["metadata"]["labels"].get("nvidia.com/gpu.product") == H100["nvidia.com/gpu.product"]]
+    for node in h100s:  # a training Job takes every H100
+        kube.create("scheduler", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"train-{node}", "namespace": "other"}, "spec": {"nodeName": node, "containers": [
+                {"name": "train", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}, "status": {"phase": "Running"}})
+    assert step(kube).phase == "Failed"
+    (pool,) = [s for s in kube.status("m")["pools"] if s["name"] == "h100"]
+    assert (pool["failed"]["retry"], pool["failed"]["replicas"]) == ("Capacity", asked)
+    assert f"once its free GPUs hold the {asked} replica(s)" in kube.condition("m", "Failed")["message"]
+    for _ in range(3):  # no room yet: no new revision
+        assert step(kube).phase == "Failed" and "m-h100-g2" not in kube.names("Deployment")
+    for node in h100s:  # the training is done
+        kube.delete("test", "Pod", "other", f"train-{node}")
+    assert step(kube).phase == "Deploying" and "m-h100-g2" in kube.names("Deployment")
+    assert any(reason == "RevisionRetried" for _, reason, _ in kube.events)
 
 
 # --- hardening: ownership ---------------------------------------------------------------------------------
