@@ -140,7 +140,9 @@ class Pass:
             f"{active.name} {active.progress:.0%}" if active.progress is not None
             else f"{active.name}: {active.reason}" if active.reason else None)
         self.status.observed_generation = self.generation
-        settled = phase in ("Ready", "Failed")
+        waits_for_room = any(pool.failed is not None and pool.failed.retry == "Capacity"
+                             and pool.failed.generation == self.generation for pool in self.status.pools)
+        settled = phase in ("Ready", "Failed") and not waits_for_room  # free GPUs wake nothing: look again soon
         queued = any(isinstance(action, Create) and action.manifest["kind"] == "Job"
                      and action.manifest["spec"].get("suspend") for action in self.actions)
         requeue = QUEUED_REQUEUE_S if queued else SETTLED_REQUEUE_S if settled else PROGRESS_REQUEUE_S if (

@@ -137,8 +137,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                                   replicas=(mine.get("spec") or {}).get("replicas", 1),
                                   retry="Capacity" if name in p.world.unscheduled else "SpecChange",
                                   message=f"Deployment {name} cannot become available: {problem}\n{evidence}"[:8192])
-        p.event("RevisionFailed", f"Deployment {name} cannot become available: {problem}; {evidence}")
-        delete_revision(p, name)
+        delete_revision(p, name)  # the Warning that fails the generation says what its pods said
         status.failed = failure
         p.status.pools = [s for s in p.status.pools if s.name != pool.name] + [status]  # kept: the pass fails here
         raise Refused(Reason.REVISION_FAILED, failed_message(failure))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,47 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient
         assert "other pods hold 5 of the pool's 8 GPUs (on 1 node(s)): room for 3 replica(s)" in " ".join(
             pool["notes"])
         assert core.read_namespaced_pod("training", other).status.phase == "Running"
+    finally:
+        core.delete_namespace(other)
+
+
+def test_a_revision_with_no_room_fails_once_and_is_made_again_when_gpus_are_free(
+        api: client.ApiClient, namespace: str, operator: Any) -> None:
+    """Six replicas asked of a node where another namespace's pod holds 5 of 8 GPUs: 3 run, 3 cannot be
+    scheduled, and at the Deployment controller's progress deadline (shortened here) the revision fails and
+    is deleted, once: no new one while there is no room (it looped every few seconds before). Once the pod is
+    gone, the operator makes the revision again and the model serves."""
+    objects, core, apps = client.CustomObjectsApi(api), client.CoreV1Api(api), client.AppsV1Api(api)
+    (node,) = core.list_node(label_selector="tailor.dev/node-pool=eks-h200").items
+    other = f"{namespace}-other"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        core.create_namespaced_pod(other, {"metadata": {"name": "training"}, "spec": {
+            "nodeName": node.metadata.name,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "train", "image": "example.com/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}})
+        body = h100_example("full", published_results())
+        body["spec"]["deployment"]["pools"] = [{"name": "h200", "nodeSelector": {"tailor.dev/node-pool": "eks-h200"},
+                                                "concurrency": {"perNode": 8}}]
+        body["spec"]["deployment"].update(minReplicas=6, maxReplicas=6)
+        OBJECTS.create(objects, namespace, body)
+        revision = "full-h200-g1"
+        wait_for("the revision", lambda: revision in {d.metadata.name for d in apps.list_namespaced_deployment(
+            namespace).items}, timeout_s=90)
+        apps.patch_namespaced_deployment(revision, namespace, {"spec": {"progressDeadlineSeconds": 5}})
+        failed = wait_phase(objects, namespace, "full", "Failed", operator)
+        (pool,) = failed["status"]["pools"]
+        assert (pool["failed"]["deployment"], pool["failed"]["retry"], pool["failed"]["replicas"]) == (
+            revision, "Capacity", 6), pool
+        assert "Insufficient nvidia.com/gpu" in pool["failed"]["message"]
+        time.sleep(20)  # the loop made it again within a second or two
+        assert revision not in {d.metadata.name for d in apps.list_namespaced_deployment(namespace).items}
+        assert events(api, namespace, "full").count("RevisionFailed") == 1
+        core.delete_namespaced_pod("training", other, grace_period_seconds=0)
+        ready = wait_phase(objects, namespace, "full", "Ready", operator, timeout_s=120)
+        assert ready["status"]["pools"][0]["readyReplicas"] == 6 and "failed" not in ready["status"]["pools"][0]
+        assert "RevisionRetried" in events(api, namespace, "full")
     finally:
         core.delete_namespace(other)
 

@@ -24,7 +24,14 @@ from tailor.compressor.serving.engines import Engine
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import execute, handlers, names, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
-from tailor.operator.decision import PROGRESS_REQUEUE_S, QUEUED_REQUEUE_S, SETTLED_REQUEUE_S, Create, Decision
+from tailor.operator.decision import (
+    PROGRESS_REQUEUE_S,
+    QUEUED_REQUEUE_S,
+    SETTLED_REQUEUE_S,
+    WAITING_REQUEUE_S,
+    Create,
+    Decision,
+)
 from tailor.operator.deployment import speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
@@ -777,7 +784,8 @@ def test_a_revision_with_no_room_to_schedule_is_tried_again_once_the_pool_has_fr
         kube.create("scheduler", {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"train-{node}", "namespace": "other"}, "spec": {"nodeName": node, "containers": [
                 {"name": "train", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}, "status": {"phase": "Running"}})
-    assert step(kube).phase == "Failed"
+    failed = step(kube)
+    assert failed.phase == "Failed" and failed.requeue_s == WAITING_REQUEUE_S  # free GPUs wake nothing
     (pool,) = [s for s in kube.status("m")["pools"] if s["name"] == "h100"]
     assert (pool["failed"]["retry"], pool["failed"]["replicas"]) == ("Capacity", asked)
     assert f"once its free GPUs hold the {asked} replica(s)" in kube.condition("m", "Failed")["message"]
