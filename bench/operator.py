@@ -72,6 +72,7 @@ def manifest(index: int) -> dict[str, Any]:
     body["metadata"] = {"name": f"m{index:03d}", "namespace": NAMESPACE}
     spec = body["spec"]
     spec["jobs"]["podAnnotations"] = published_results()  # its 6 x 8 GPUs: the build must fit (pre-flight)
+    spec["source"]["credentialsSecret"] = {"name": f"m{index:03d}-credentials"}  # its own
     spec["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
          "concurrency": {"total": 8}},

@@ -36,7 +36,8 @@ def _operator(args: argparse.Namespace) -> int:
                                         annotation_prefixes=tuple(args.allowed_annotation_prefix
                                                                   or OperatorSettings.annotation_prefixes),
                                         priority_classes=tuple(args.allowed_priority_class or ()),
-                                        queue_name=args.queue_name),
+                                        queue_name=args.queue_name,
+                                        shared_secrets=tuple(args.shared_secret or ())),
                         namespaces=() if args.all_namespaces else tuple(args.namespace))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
@@ -73,6 +74,9 @@ def add_parser(nouns: Any) -> None:
                              f"{', '.join(OperatorSettings.annotation_prefixes)})")
     parser.add_argument("--allowed-priority-class", action="append",
                         help="PriorityClass a CompressedModel's pods may name (repeatable; default: any but system-*)")
+    parser.add_argument("--shared-secret", action="append",
+                        help="Secret every CompressedModel may name as source.credentialsSecret (repeatable; each "
+                             "may always name its own, <name>-credentials)")
     parser.add_argument("--queue-name", help="Kueue LocalQueue of the stage Jobs when spec.jobs.queueName is not set")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")

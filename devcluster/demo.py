@@ -89,7 +89,8 @@ class Demo:
         parent = fetch_parent()
         core: Any = client.CoreV1Api(self.api)
         self._ensure(lambda: core.create_namespaced_persistent_volume_claim(NAMESPACE, {
-            "metadata": {"name": "models"},
+            "metadata": {"name": "models", "labels": {"tailor.dev/allowed": "true"},  # given to every model here
+                         "annotations": {"tailor.dev/shared-with": "*"}},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}}}}))
         folder = self.claim_folder("models", timeout_s=60) / parent.name
         if not (folder / "config.json").exists():

@@ -111,13 +111,16 @@ CREDENTIALS_ONLY_REMOTE = cel(
 )
 NO_S3 = cel("!self.uri.startsWith('s3://')", "s3:// sources are not supported yet: copy the parent to a claim "
              "and use pvc://<claim>/<path>, or use hf://", ".uri")
+PVC_PATH_INSIDE = cel("!self.uri.startsWith('pvc://') || !self.uri.matches('^pvc://[^/]+/(.*/)?[.][.](/|$)')",
+                      "a pvc:// source must name a folder inside its claim: pvc://<claim>/<path> without '..'", ".uri")
 SOURCE_IMMUTABLE = cel("self == oldSelf", "source is immutable; create a new CompressedModel for another model")
 
 
 class SourceSpec(ApiModel):
     """The parent model to compress. Immutable once created."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(CREDENTIALS_ONLY_REMOTE, NO_S3, SOURCE_IMMUTABLE))
+    model_config = ConfigDict(json_schema_extra=cel_rules(CREDENTIALS_ONLY_REMOTE, NO_S3, PVC_PATH_INSIDE,
+                                                          SOURCE_IMMUTABLE))
 
     uri: str = Field(
         pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*)$",
@@ -136,6 +139,8 @@ class SourceSpec(ApiModel):
             raise ValueError(CREDENTIALS_ONLY_REMOTE["message"])
         if self.uri.startswith("s3://"):
             raise ValueError(NO_S3["message"])
+        if self.uri.startswith("pvc://") and ".." in self.uri.removeprefix("pvc://").split("/")[1:]:
+            raise ValueError(PVC_PATH_INSIDE["message"])
         return self
 
 
@@ -204,10 +209,74 @@ SOME_TARGET = cel(
 )
 
 
+# Plan fields the operator derives from the spec: planOverrides may not change them (refused at admission and by
+# the operator, `resolve.compression_plan`).
+DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
+           "data.heldout": "spec.compression.data.heldOutPath", "target.gpu": "spec.compression.targetGPU",
+           "target.precision": "spec.quantization.precision",
+           "target.kvDtype": "spec.quantization.kvCacheDtype",
+           "target.batch": "spec.compression.batch or spec.deployment.pools",
+           "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
+           "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
+           "bld.tokens": "spec.compression.distillation.blockwiseTokens",
+           "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
+# Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
+DATA_DECIDED = {"data.textField": "spec.compression.data.textField",
+                "data.heldoutEvery": "spec.compression.data.heldOutEvery"}
+
+
+def _overrides_set(paths: dict[str, str]) -> str:
+    """CEL: one of `paths` (dotted, under planOverrides) is set."""
+    def one(path: str) -> str:
+        parts = path.split(".")
+        return " && ".join(f"has(self.planOverrides.{'.'.join(parts[:i + 1])})" for i in range(len(parts)))
+    return " || ".join(f"({one(path)})" for path in paths)
+
+
+DECIDED_TYPES = {"parent": "string", "data.text": "string", "data.heldout": "string", "data.textField": "string",
+                 "data.heldoutEvery": "integer", "target.gpu": "string", "target.precision": "string",
+                 "target.kvDtype": "string", "target.batch": "integer", "target.context": "integer",
+                 "rounds": "integer", "target.requestTokensPerSecond": "number", "bld.tokens": "integer",
+                 "gkd.tokens": "integer", "device": "string"}
+
+
+def decided_schema() -> dict[str, Any]:
+    """planOverrides' schema: any fields, and the ones the spec decides declared, so that CEL can see them."""
+    root: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True, "properties": {}}
+    for path, kind in DECIDED_TYPES.items():
+        node = root
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node["properties"].setdefault(part, {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {},
+                "description": f"The plan's {part} section: its fields the spec decides may not be set."})
+        decider = {**DECIDED, **DATA_DECIDED}[path]
+        node["properties"][leaf] = {"type": kind, "description": f"Set from {decider}; refused here."}
+    return root
+
+
+def decided_overrides(overrides: dict[str, Any], with_data: bool) -> list[str]:
+    """What planOverrides sets that the spec decides, each with the spec field that does."""
+    fixed = DECIDED | (DATA_DECIDED if with_data else {})
+    return sorted(f"planOverrides.{path} is set from {fixed[path]}" for path in fixed
+                  if _has_path(overrides, path.split(".")))
+
+
+def _has_path(tree: Any, parts: list[str]) -> bool:
+    return not parts or (isinstance(tree, dict) and parts[0] in tree and _has_path(tree[parts[0]], parts[1:]))
+
+
+OVERRIDES_NOT_DECIDED = cel(
+    f"!has(self.planOverrides) || !({_overrides_set(DECIDED)})"
+    f" && !(has(self.data) && ({_overrides_set(DATA_DECIDED)}))",
+    "planOverrides may not set what the spec decides: " + ", ".join(sorted({**DECIDED, **DATA_DECIDED})),
+    ".planOverrides")
+
+
 class CompressionSpec(ApiModel):
     """What the child must fit: Puzzle's hardware constraints, search rounds and quality floor."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(ACTIVE_WITHIN_TOTAL, SOME_TARGET))
+    model_config = ConfigDict(json_schema_extra=cel_rules(ACTIVE_WITHIN_TOTAL, SOME_TARGET, OVERRIDES_NOT_DECIDED))
 
     target_gpu: GpuProfile = Field(alias="targetGPU", description="GPU profile the child is searched for.")
     memory_budget_per_gpu: Quantity | None = Field(
@@ -248,13 +317,15 @@ class CompressionSpec(ApiModel):
         default=4096, ge=256, le=10_000_000,
         description="Held-out tokens the quality gate (and the quantization report) compares child and parent on.")
     plan_overrides: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        default=None, json_schema_extra=decided_schema(),
         description="Advanced: fields of the compressor's plan (tailor.compressor.puzzle.plan.Plan, camelCase) "
         "merged over what Tailor derives from this spec, e.g. {library: {ffnWidths: [0.5]}, evalTokens: 8192}. "
         "Checked by the operator; a field the plan does not know fails the object with reason InvalidPlan.")
 
     @model_validator(mode="after")
     def _consistent_targets(self) -> CompressionSpec:
+        if self.plan_overrides and (decided := decided_overrides(self.plan_overrides, self.data is not None)):
+            raise ValueError("; ".join(decided))
         active, total = self.max_active_params_billions, self.max_total_params_billions
         if active is not None and total is not None and active > total:
             raise ValueError(ACTIVE_WITHIN_TOTAL["message"])

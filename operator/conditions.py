@@ -34,7 +34,8 @@ class Reason(StrEnum):
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     ANNOTATION_NOT_ALLOWED = "AnnotationNotAllowed"
     PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
-    CLAIM_NOT_ALLOWED = "ClaimNotAllowed"
+    CLAIM_NOT_ALLOWED = "ClaimNotAllowed"  # a claim the spec names is not allowed for Tailor or not given to it
+    SECRET_NOT_ALLOWED = "SecretNotAllowed"  # a Secret the spec names is neither the object's nor shared
     OWNED_ELSEWHERE = "OwnedElsewhere"  # an object with a name the operator derives belongs to someone else
     API_REJECTED = "ApiRejected"  # the API server refused one of the operator's writes (4xx)
     UNDECIDABLE = "Undecidable"  # deciding raised MAX_DECIDE_TRIES passes running (a bug, data no check caught)

@@ -39,8 +39,9 @@ from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
 from tailor.operator.placement import scheduling
 from tailor.operator.progress import parse as parse_progress
-from tailor.operator.resolve import InvalidPlan, fingerprint, resolve, target_batch
+from tailor.operator.resolve import InvalidPlan, fingerprint, parent_location, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
+from tailor.operator.tenancy import check_claim, check_secret
 from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, read_plan, start_job
 
 NO_POD_YET = "waiting for a pod"  # a stage Job's message until its pods run (as created: no status write after)
@@ -76,7 +77,16 @@ def decide(world: Observed, settings: OperatorSettings) -> Decision:
 
 def admit(p: Pass, spec: CompressedModelSpec) -> None:
     """What a tenant may not ask for, whatever the API server let through: images outside the allowlist, pod
-    annotations outside the allowed prefixes and priority classes the operator does not allow."""
+    annotations outside the allowed prefixes, priority classes the operator does not allow, and claims and
+    Secrets it was not given (`tenancy`)."""
+    claim = parent_location(spec)[1]
+    named = {**({claim: "spec.source.uri"} if claim is not None else {}),
+             **({spec.compression.data.claim_name: "spec.compression.data.claimName"} if spec.compression.data
+                else {})}
+    for name, field in named.items():
+        check_claim(p.world.named_claims.get(name), name, field, p.model)
+    if spec.source.credentials_secret is not None:
+        check_secret(spec.source.credentials_secret.name, p.name, p.settings.shared_secrets)
     images = {"spec.jobs.image": spec.jobs.image,
               "spec.deployment.tritonImage": spec.deployment.triton_image if spec.deployment else None}
     for where, image in images.items():

@@ -42,6 +42,11 @@ def claim_name(name: str) -> str:
     return f"{name}-artifacts"
 
 
+def credentials_secret(name: str) -> str:
+    """The Secret an object may name as its own (`tenancy.check_secret`)."""
+    return f"{name}-credentials"
+
+
 def job_name(name: str, generation: int, stage: Stage, pool: str | None = None) -> str:
     return f"{name}-g{generation}-{stage}" + (f"-{pool}" if pool else "")
 

@@ -43,6 +43,7 @@ class Observed:
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
     evidence: dict[str, str] = field(default_factory=dict)  # stalled Deployment -> what its pods say
     unscheduled: frozenset[str] = frozenset()  # stalled Deployments with a pod the scheduler found no room for
+    named_claims: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # the spec's source/data claims
     logs: dict[str, str] = field(default_factory=dict)  # running build Job -> the end of its rank-0 pod's log
     now: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
@@ -191,6 +192,15 @@ def _workloads(kube: Kube, owner: str, namespace: str, job: dict[str, Any]) -> l
         raise
 
 
+def named_claims(spec: dict[str, Any]) -> set[str]:
+    """The claims the spec names for the stages to read: a pvc:// source's and spec.compression.data's (as
+    stored: `decide` validates the spec)."""
+    uri = str((spec.get("source") or {}).get("uri") or "")
+    data = (spec.get("compression") or {}).get("data") or {}
+    found = {uri.removeprefix("pvc://").partition("/")[0]} if uri.startswith("pvc://") else set()
+    return found | ({str(data["claimName"])} if isinstance(data, dict) and data.get("claimName") else set())
+
+
 def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     """Everything a pass needs; None once the object is gone or going."""
     owner = f"{namespace}/{name}"
@@ -204,6 +214,7 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
                for kind in BUILD_KINDS + (SERVING_KINDS if built else ())}
     claim_name = ((spec.get("storage") or {}).get("existingClaim")) or names.claim_name(name)
     claim = kube.get(owner, "PersistentVolumeClaim", namespace, claim_name)
+    named = {found: kube.get(owner, "PersistentVolumeClaim", namespace, found) for found in named_claims(spec)}
     stalled_revisions = [d for d in objects.get("Deployment", {}).values() if stalled(d) is not None]
     pods: list[dict[str, Any]] = []
     unfinished = [job for job in objects["Job"].values() if job_finished(job) is None]
@@ -229,4 +240,4 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
                     gpu_pods=kube.gpu_pods(owner) if needs_nodes and built else [],
                     results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
-                    evidence=evidence, unscheduled=unscheduled, logs=logs)
+                    evidence=evidence, unscheduled=unscheduled, logs=logs, named_claims=named)

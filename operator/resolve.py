@@ -32,20 +32,7 @@ from tailor.operator.api import MAX_BATCH, CompressedModelSpec, quantity_value
 from tailor.operator.pools import GpuAsk, gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
-# Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
-DATA_DECIDED = {"data.textField": "spec.compression.data.textField",
-                "data.heldoutEvery": "spec.compression.data.heldOutEvery"}
 CALIBRATION_WINDOW = 256  # tokens per calibration sequence of `tailor quantize` (QuantizeJob.seq_len)
-# Plan fields the operator derives from the spec: planOverrides may not change them.
-DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
-           "data.heldout": "spec.compression.data.heldOutPath", "target.gpu": "spec.compression.targetGPU",
-           "target.precision": "spec.quantization.precision",
-           "target.kvDtype": "spec.quantization.kvCacheDtype",
-           "target.batch": "spec.compression.batch or spec.deployment.pools",
-           "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
-           "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
-           "bld.tokens": "spec.compression.distillation.blockwiseTokens",
-           "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
 class InvalidPlan(ValueError):
     """The spec (with its planOverrides) does not make a valid build plan; the message names the field."""
 
@@ -64,7 +51,7 @@ def parent_location(spec: CompressedModelSpec) -> tuple[str, str | None]:
     uri = spec.source.uri
     if uri.startswith("pvc://"):
         claim, _, path = uri.removeprefix("pvc://").partition("/")
-        return f"{SOURCE_MOUNT}/{path}", claim
+        return posixpath.normpath(posixpath.join(SOURCE_MOUNT, path.lstrip("/"))), claim  # no '..': the spec says
     return uri if spec.source.revision == "main" else f"{uri}@{spec.source.revision}", None
 
 
@@ -93,11 +80,6 @@ def plan_data(spec: CompressedModelSpec) -> dict[str, Any]:
     if data.held_out_every is not None:
         fields["heldoutEvery"] = data.held_out_every
     return fields
-
-
-def _paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    return [p for key, value in tree.items()
-            for p in ([f"{prefix}{key}"] + (_paths(value, f"{prefix}{key}.") if isinstance(value, dict) else []))]
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -152,10 +134,6 @@ def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision
     target of 1 / latencyFactor; the plan's own `latency` (prefill) is left to planOverrides."""
     c = spec.compression
     overrides = c.plan_overrides or {}
-    fixed = DECIDED | (DATA_DECIDED if c.data is not None else {})
-    decided = sorted(f"planOverrides.{p} is set from {fixed[p]}" for p in _paths(overrides) if p in fixed)
-    if decided:
-        raise InvalidPlan("spec.compression: " + "; ".join(decided))
     throughputs = [t for t in (c.throughput_factor, None if c.latency_factor is None else 1 / c.latency_factor)
                    if t is not None]
     target: dict[str, Any] = {"gpu": c.target_gpu.value, "precision": precision.value, "kvDtype": kv_dtype.value,

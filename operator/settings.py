@@ -15,7 +15,8 @@ TRITON_IMAGES = "nvcr.io/nvidia/tritonserver:"  # NVIDIA's Triton images: the vL
 # Pod annotations a tenant may set on stage pods: monitoring, autoscaler and queueing hints only. Anything
 # else could select privileged behaviour of a webhook or a runtime (e.g. a sidecar injector or AppArmor).
 ANNOTATION_PREFIXES = ("prometheus.io/", "cluster-autoscaler.kubernetes.io/", "kueue.x-k8s.io/")
-ALLOWED_LABEL = "tailor.dev/allowed"  # an existingClaim must carry it ("true") for Tailor to write there
+ALLOWED_LABEL = "tailor.dev/allowed"  # a claim a spec names must carry it ("true") for Tailor to mount it
+SHARED_ANNOTATION = "tailor.dev/shared-with"  # and be shared with the object: its name, others', or "*"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class OperatorSettings:
     annotation_prefixes: tuple[str, ...] = ANNOTATION_PREFIXES
     priority_classes: tuple[str, ...] = ()  # those a tenant may name; empty: any but system-*
     queue_name: str | None = None  # the Kueue LocalQueue of stage Jobs whose spec names none
+    shared_secrets: tuple[str, ...] = ()  # credentials Secrets every object may name (besides <name>-credentials)
 
     def image_allowed(self, image: str) -> bool:
         return image == self.job_image or any(image.startswith(prefix) for prefix in self.image_prefixes)

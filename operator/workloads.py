@@ -15,7 +15,8 @@ from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.memo import Memo
 from tailor.operator.observe import job_finished
 from tailor.operator.resolve import mounted_claims
-from tailor.operator.settings import ALLOWED_LABEL
+from tailor.operator.settings import ALLOWED_LABEL, SHARED_ANNOTATION
+from tailor.operator.tenancy import check_claim
 
 SPEED_DEADLINE_S = 2 * 3600  # loading both models and measuring them; a speed Job never holds GPUs longer
 PLANS: Memo[BuildPlan] = Memo(1024)  # a plan ConfigMap's text -> its plan (frozen): parsed once, not every pass
@@ -30,9 +31,7 @@ def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
         name = spec.storage.existing_claim
         if claim is None:
             return f"waiting for PersistentVolumeClaim {name} (spec.storage.existingClaim) to exist"
-        if (claim["metadata"].get("labels") or {}).get(ALLOWED_LABEL) != "true":
-            raise Refused(Reason.CLAIM_NOT_ALLOWED, f"spec.storage.existingClaim {name} is not labelled "
-                                                    f"{ALLOWED_LABEL}=true; label it to let Tailor write there")
+        check_claim(claim, name, "spec.storage.existingClaim", p.model)
         return None
     name = names.claim_name(p.name)
     if claim is None:
@@ -52,7 +51,8 @@ def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
     if not owned_by(claim, p.uid):
         raise Refused(Reason.OWNED_ELSEWHERE, f"PersistentVolumeClaim {name} exists and was not created for this "
                                               f"CompressedModel (uid {p.uid}); delete it, or label it "
-                                              f"{ALLOWED_LABEL}=true and name it in spec.storage.existingClaim")
+                                              f"{ALLOWED_LABEL}=true, annotate it {SHARED_ANNOTATION}={p.name} "
+                                              "and name it in spec.storage.existingClaim")
     return None
 
 

@@ -42,7 +42,8 @@ def h100_example(name: str, annotations: dict[str, str]) -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load((EXAMPLES / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": name}
     spec = body["spec"]
-    spec["source"]["uri"] = "hf://example-org/private-parent"  # its config is unknown here: no pre-flight check
+    spec["source"] = {"uri": "hf://example-org/private-parent",  # its config is unknown here: no pre-flight check
+                      "credentialsSecret": {"name": f"{name}-credentials"}}  # its own
     spec["jobs"] = {"podAnnotations": annotations, "backoffLimit": 1}
     return body
 

@@ -34,7 +34,8 @@ PLAN = {"engine": "tailor-python", "data": {"seqLen": 64}, "target": {"costs": "
 def _source_claim(core: client.CoreV1Api, namespace: str, parent: Path) -> None:
     """A claim holding the parent, as a platform team would stage weights: the provisioner binds it to a folder."""
     core.create_namespaced_persistent_volume_claim(namespace, {
-        "metadata": {"name": "models"},
+        "metadata": {"name": "models", "labels": {"tailor.dev/allowed": "true"},
+                     "annotations": {"tailor.dev/shared-with": "*"}},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
     claim = wait_for("the models claim to bind", lambda: core.read_namespaced_persistent_volume_claim(
         "models", namespace).spec.volume_name, timeout_s=30)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import gzip
 import json
 import math
@@ -47,12 +48,20 @@ A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
 PRIVATE_PARENT = "hf://example-org/private-parent"  # not a built-in model: the operator cannot check its fit
 
 
+def give_claim(kube: FakeKube, name: str, to: str = "m") -> None:
+    """A claim allowed for Tailor and shared with the object `to`, as its owner would give it."""
+    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": name, "namespace": "ns", "labels": {"tailor.dev/allowed": "true"},
+        "annotations": {"tailor.dev/shared-with": to}}})
+
+
 def manifest(name: str = "m", results: dict[str, str] | None = None, **deployment: Any) -> dict[str, Any]:
     """The H100 example (NVFP4, weight-only on Hopper, 10^6 tokens) on an H100 and an A100-40GB pool; the
     stage results ride on pod annotations, as on the devcluster."""
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"] = {"name": name, "namespace": "ns"}
-    body["spec"]["source"]["uri"] = PRIVATE_PARENT  # its config is unknown here: no pre-flight check
+    body["spec"]["source"] = {"uri": PRIVATE_PARENT,  # its config is unknown here: no pre-flight check
+                              "credentialsSecret": {"name": f"{name}-credentials"}}  # its own
     body["spec"]["jobs"] = {"podAnnotations": published_results() if results is None else results}
     body["spec"]["deployment"]["pools"] = [
         {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
@@ -364,6 +373,7 @@ def test_the_text_on_a_claim_is_what_every_build_stage_reads_and_new_text_rebuil
     body = manifest()
     body["spec"]["compression"]["data"] = {"claimName": "corpora", "path": "legal/train", "heldOutPath":
                                            "legal/eval.jsonl", "textField": "body"}
+    give_claim(kube, "corpora")
     kube.apply(body)
     drive(kube, "Ready")
     data = plan_of(kube, "m-g1-plan").puzzle.data  # what compress, quantize and evaluate read (--plan)
@@ -555,24 +565,28 @@ def test_a_job_that_succeeded_without_a_result_fails_with_no_result(kube: FakeKu
 # --- hardening: planOverrides -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("overrides", "says"), [
-    ({"rounds": 1000000}, "planOverrides.rounds is set from spec.compression.rounds"),
-    ({"bld": {"tokens": 10**15}}, "planOverrides.bld.tokens is set from"),
-    ({"parent": "/etc"}, "planOverrides.parent is set from spec.source"),
-    ({"data": {"text": "/var/run/secrets"}}, "planOverrides.data.text is set from spec.compression.data.path"),
-    ({"data": {"heldout": "/etc"}}, "planOverrides.data.heldout is set from spec.compression.data.heldOutPath"),
-    ({"solutions": 10**6}, "solutions: Input should be less than or equal to 16"),
-    ({"library": {"ffnWidths": [0.5] * 100}}, "library.ffnWidths"),
-    ({"library": {"ffnWidth": [0.5]}}, "library.ffnWidth"),
+@pytest.mark.parametrize(("overrides", "reason", "says"), [
+    # what the spec decides: refused at admission (CEL), and by the operator for an object stored before that
+    ({"rounds": 1000000}, "InvalidSpec", "planOverrides.rounds is set from spec.compression.rounds"),
+    ({"bld": {"tokens": 10**15}}, "InvalidSpec", "planOverrides.bld.tokens is set from"),
+    ({"parent": "/etc"}, "InvalidSpec", "planOverrides.parent is set from spec.source"),
+    ({"data": {"text": "/var/run/secrets"}}, "InvalidSpec",
+     "planOverrides.data.text is set from spec.compression.data.path"),
+    ({"data": {"heldout": "/etc"}}, "InvalidSpec",
+     "planOverrides.data.heldout is set from spec.compression.data.heldOutPath"),
+    # what the plan bounds: the operator, which knows the plan
+    ({"solutions": 10**6}, "InvalidPlan", "solutions: Input should be less than or equal to 16"),
+    ({"library": {"ffnWidths": [0.5] * 100}}, "InvalidPlan", "library.ffnWidths"),
+    ({"library": {"ffnWidth": [0.5]}}, "InvalidPlan", "library.ffnWidth"),
 ])
 def test_plan_overrides_are_bounded_and_cannot_change_what_the_operator_decides(
-        kube: FakeKube, overrides: dict[str, Any], says: str) -> None:
+        kube: FakeKube, overrides: dict[str, Any], reason: str, says: str) -> None:
     body = manifest()
     body["spec"]["compression"]["planOverrides"] = overrides
     kube.apply(body)
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
-    assert condition["reason"] == "InvalidPlan" and says in condition["message"], condition["message"]
+    assert condition["reason"] == reason and says in condition["message"], condition["message"]
     assert not kube.names("Job")
 
 
@@ -591,13 +605,15 @@ def builtin_super(jobs: dict[str, Any], global_tokens: int) -> dict[str, Any]:
 def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothing(kube: FakeKube) -> None:
     body = builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000)
     body["spec"]["storage"] = {"size": "1Ti"}  # the chart's default, too small for this build
+    give_claim(kube, "models")
     kube.apply(body)
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "DoesNotFit", condition
     assert condition["message"].startswith("the compression does not fit 2 node(s) x 8 H100-80GB: stage gkd needs ")
     assert condition["message"].endswith("GiB short; try spec.jobs.nodes 5")  # a 76B child's fp32 AdamW shards
-    assert not kube.names("Job") and not kube.names("PersistentVolumeClaim") and not kube.names("ConfigMap")
+    assert not kube.names("Job") and kube.names("PersistentVolumeClaim") == ["models"] and not kube.names(
+        "ConfigMap")
     (compress,) = kube.status("m")["stages"]
     assert (compress["name"], compress["state"], compress["reason"]) == ("Compress", "Failed", "DoesNotFit")
     kube.update_spec("m", {"jobs": {"nodes": 5}})  # what the message advises: a new generation, a new try
@@ -609,7 +625,7 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
         "PersistentVolumeClaim m-artifacts would hold 1Ti (1,100 GB), but the build writes up to 2,964 GB (round "
         "children 912 GB, GKD checkpoints 1,824 GB, child 152 GB, quantized child 76 GB): set spec.storage.size to "
         "at least 2.7Ti; nothing was started")
-    assert not kube.names("Job") and not kube.names("PersistentVolumeClaim")
+    assert not kube.names("Job") and kube.names("PersistentVolumeClaim") == ["models"]
     kube.update_spec("m", {"storage": {"size": "3Ti"}})
     assert step(kube).phase == "Compressing"
     assert kube.obj("PersistentVolumeClaim", "m-artifacts")["spec"]["resources"]["requests"]["storage"] == "3Ti"
@@ -630,6 +646,7 @@ def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
     body = yaml.safe_load((REPO / "examples" / "smollm2-135m-cpu.yaml").read_text())
     body["metadata"] = {"name": "m", "namespace": "ns"}
     body["spec"]["jobs"] = {"gpusPerNode": 2}
+    give_claim(kube, "models")
     kube.apply(body)
     assert step(kube).phase == "Compressing"
     requests = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
@@ -864,9 +881,69 @@ def test_a_tenant_cannot_reach_past_the_allowlists(kube: FakeKube, change: dict[
     assert not kube.names("Job")
 
 
+def claim(name: str, labels: dict[str, str] | None = None, shared: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": name, "namespace": "ns", "labels": labels or {},
+        "annotations": {} if shared is None else {"tailor.dev/shared-with": shared}}}
+
+
+ALLOWED = {"tailor.dev/allowed": "true"}
+
+
+@pytest.mark.parametrize(("claims", "spec", "says"), [
+    # another model's artifacts claim, named as a source (seen on a live cluster with pvc://<claim>/../../)
+    ([claim("other-artifacts", {"tailor.dev/model": "other", "tailor.dev/model-uid": "0ther"})],
+     {"source": {"uri": "pvc://other-artifacts/child"}},
+     "spec.source.uri: PersistentVolumeClaim other-artifacts is not labelled tailor.dev/allowed=true"),
+    # ... even labelled for Tailor: it holds another object's artifacts and is not shared with this one
+    ([claim("other-artifacts", {**ALLOWED, "tailor.dev/model-uid": "0ther"})],
+     {"compression": {"data": {"claimName": "other-artifacts", "path": "x"}}},
+     "spec.compression.data.claimName: PersistentVolumeClaim other-artifacts holds another CompressedModel's"),
+    ([claim("corpora", ALLOWED)], {"compression": {"data": {"claimName": "corpora", "path": "x"}}},
+     "PersistentVolumeClaim corpora is not shared with CompressedModel m: annotate it tailor.dev/shared-with=m"),
+    ([claim("corpora", ALLOWED, shared="team-a, team-b")], {"compression": {"data": {"claimName": "corpora",
+                                                                                   "path": "x"}}},
+     "PersistentVolumeClaim corpora is not shared with CompressedModel m"),
+    ([], {"compression": {"data": {"claimName": "corpora", "path": "x"}}},
+     "spec.compression.data.claimName: PersistentVolumeClaim corpora does not exist"),
+    ([claim("scratch", ALLOWED)], {"storage": {"existingClaim": "scratch"}},
+     "spec.storage.existingClaim: PersistentVolumeClaim scratch is not shared with CompressedModel m"),
+    ([], {"source": {"uri": "hf://org/model", "credentialsSecret": {"name": "team-b-hf-token"}}},
+     "spec.source.credentialsSecret 'team-b-hf-token' is not this object's nor shared by the chart"),
+])
+def test_a_tenant_gets_only_the_claims_and_secrets_it_was_given(kube: FakeKube, claims: list[dict[str, Any]],
+                                                                spec: dict[str, Any], says: str) -> None:
+    """A claim or Secret the spec names: refused, naming the field, before any Job mounts it."""
+    for found in claims:
+        kube.create("test", found)
+    body = manifest()
+    for key, value in spec.items():
+        body["spec"][key] = value if key in ("storage", "source") else {**body["spec"][key], **value}
+    kube.apply(body)
+    assert step(kube).phase == "Failed"
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] in ("ClaimNotAllowed", "SecretNotAllowed") and says in condition["message"], (
+        condition["message"])
+    assert not kube.names("Job")
+
+
+@pytest.mark.parametrize("shared", ["m", "team-a, m", "*"])
+def test_a_claim_shared_with_the_object_and_a_secret_of_its_own_or_the_charts_are_mounted(
+        kube: FakeKube, shared: str) -> None:
+    kube.create("test", claim("corpora", ALLOWED, shared=shared))
+    body = manifest()
+    body["spec"]["compression"]["data"] = {"claimName": "corpora", "path": "x"}
+    kube.apply(body)
+    assert step(kube).phase == "Compressing"
+    team = FakeKube()
+    team.apply(manifest(name="n"))
+    team.update_spec("n", {"source": {"uri": PRIVATE_PARENT, "credentialsSecret": {"name": "hf-token"}}})
+    shares = dataclasses.replace(SETTINGS, shared_secrets=("hf-token",))
+    assert (decided := reconcile(team, "ns", "n", shares)) is not None and decided.phase == "Compressing"
+
+
 def test_an_existing_claim_labelled_for_tailor_is_used_and_kept(kube: FakeKube) -> None:
-    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                         "metadata": {"name": "shared", "namespace": "ns", "labels": {"tailor.dev/allowed": "true"}}})
+    give_claim(kube, "shared")
     body = manifest()
     body["spec"]["storage"] = {"existingClaim": "shared"}
     kube.apply(body)
@@ -968,8 +1045,7 @@ def test_an_object_waiting_for_its_claim_is_pending_and_starts_no_job(kube: Fake
     pending = step(kube)
     assert pending.phase == "Pending" and not kube.names("Job")
     assert "PersistentVolumeClaim shared" in (pending.status.stages[0].message or "")
-    kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
-        "name": "shared", "namespace": "ns", "labels": {"tailor.dev/allowed": "true"}}})
+    give_claim(kube, "shared")
     assert step(kube).phase == "Compressing" and kube.names("Job") == ["m-g1-compress"]
 
 
