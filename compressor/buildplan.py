@@ -63,8 +63,9 @@ class ArtifactLayout(_Model):
     root: str = Field(ARTIFACTS_MOUNT, description="Where the artifacts claim is mounted in stage pods.")
     folder: str = Field(pattern=r"^[a-z0-9][-a-z0-9]*$", description="The object's folder: <name>-<uid8>.")
     build: int = Field(ge=1, description="The generation whose Jobs build the artifacts.")
-    keep: list[int] = Field(default_factory=list, description="Generations whose folders outlive this build (the "
-                            "one serving); every other g<N> folder of the object is removed when the build starts.")
+    keep: list[int] = Field(default_factory=list, description="Generations whose folders outlive this build (every "
+                            "one a revision reads, and the last build that passed its gate); every other g<N> folder "
+                            "of the object is removed when the build starts.")
 
     @property
     def build_dir(self) -> str:

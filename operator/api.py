@@ -829,6 +829,8 @@ class BuildStatus(StatusModel):
     weight_bytes: int | None = Field(default=None, ge=0, description="Bytes of the quantized weights.")
     predicted_speedup: float | None = Field(default=None, ge=0, description="The child's decode speed-up over "
                                             "the parent that the compression predicted.")
+    last_good: int | None = Field(default=None, ge=1, description="The last earlier build whose child passed its "
+                                  "quality gate: its folder is kept until this build's child passes its own.")
 
 
 class SpeedRatioStatus(StatusModel):

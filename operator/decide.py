@@ -125,10 +125,23 @@ def start_build(p: Pass, spec: CompressedModelSpec) -> None:
     if p.generation >= 10**names.MAX_GENERATION_DIGITS:
         raise Refused(Reason.INVALID_SPEC, f"generation {p.generation} is past the {names.MAX_GENERATION_DIGITS} "
                                            "digits derived names allow; create a new CompressedModel")
-    p.status.build = BuildStatus(generation=p.generation, fingerprint=digest)
+    gated = any(c.type == QUALITY_GATE_PASSED and c.status == "True" for c in p.status.conditions)
+    last_good = build.generation if build is not None and gated else build.last_good if build is not None else None
+    p.status.build = BuildStatus(generation=p.generation, fingerprint=digest, last_good=last_good)
     p.status.stages, p.status.architecture, p.status.quality = [], None, None
     p.status.conditions = without(p.status.conditions, FAILED, *BUILD_CONDITIONS)
     p.event("BuildStarted", f"generation {p.generation} builds new artifacts (fingerprint {digest})")
+
+
+def kept(p: Pass) -> list[int]:
+    """Generations whose folders a new build must not prune: every one a revision of the object reads (the
+    serving one, and an older one a pool kept through node churn), and the last build that passed its gate, until
+    this one passes its own."""
+    live = {int(label[1:]) for deployment in p.mine("Deployment")
+            if (label := (deployment["metadata"].get("labels") or {}).get(names.REVISION, "")).startswith("g")
+            and label[1:].isdigit()}
+    also = {p.status.serving_generation, p.build.last_good}
+    return sorted(live | {generation for generation in also if generation is not None} - {p.build.generation})
 
 
 def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
@@ -146,8 +159,7 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
     else:
         try:
             batch = target_batch(spec, p.world.nodes, p.settings.catalog)
-            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, batch.value,
-                           p.status.serving_generation)
+            plan = resolve(spec, p.model, p.build.generation, p.settings.catalog, batch.value, kept(p))
         except (InvalidPlan, ValueError) as error:
             raise Refused(Reason.INVALID_PLAN, str(error)) from error
         if batch.source != source:

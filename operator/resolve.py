@@ -163,9 +163,9 @@ def compression_plan(spec: CompressedModelSpec, batch: int, precision: Precision
 
 
 def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalog: GpuCatalog, batch: int,
-            serving: int | None = None) -> BuildPlan:
+            keep: list[int] | None = None) -> BuildPlan:
     """The build plan of `model`'s build `build`, with `catalog` the GPU profiles in force and the constraints
-    computed at `batch`; the folders of the generation `serving` outlive the build."""
+    computed at `batch`; the folders of the generations `keep` outlive the build (`decide.kept`)."""
     gpu = catalog.get(spec.compression.target_gpu.value)
     if not gpu.gfd_products:
         raise InvalidPlan(f"spec.compression.targetGPU: GPU profile {gpu.name} names no nvidia.com/gpu.product to "
@@ -178,7 +178,7 @@ def resolve(spec: CompressedModelSpec, model: dict[str, Any], build: int, catalo
         target_gpu=gpu.name, target_product=gpu.gfd_products[0], precision=precision,
         kv_cache_dtype=kv_dtype,
         gpu_profiles=list(catalog.profiles.values()),
-        layout=ArtifactLayout(folder=names.folder(model), build=build, keep=[] if serving is None else [serving]),
+        layout=ArtifactLayout(folder=names.folder(model), build=build, keep=keep or []),
         puzzle=compression_plan(spec, batch, precision, kv_dtype),
         quantize=None if precision is Precision.BF16 else QuantizeStep(
             format=precision.value, calibration_tokens=spec.quantization.calibration_samples * CALIBRATION_WINDOW,

@@ -6,9 +6,11 @@ server, the Job, Deployment, HPA and garbage-collection controllers, the schedul
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,11 +267,9 @@ def test_pools_are_found_as_gke_eks_and_gfd_label_their_nodes(api: client.ApiCli
         assert found is not None and found[0].name == "H100-80GB", (stage, pod.spec.node_name)
 
 
-def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient, namespace: str,
-                                                           operator: Any) -> None:
-    """A pod of another namespace bound to the pool's one node holds 5 of its 8 GPUs: the pool is sized for the
-    3 left (not 8), says who holds the rest, and all 3 replicas run beside that pod."""
-    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+@contextlib.contextmanager
+def training_pod(core: client.CoreV1Api, namespace: str, gpus: int) -> Iterator[str]:
+    """A pod of another namespace (yielded) holding `gpus` of the 8 GPUs of the eks-h200 pool's one node."""
     (node,) = core.list_node(label_selector="tailor.dev/node-pool=eks-h200").items
     other = f"{namespace}-other"
     core.create_namespace({"metadata": {"name": other}})
@@ -278,7 +278,18 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient
             "nodeName": node.metadata.name,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "train", "image": "example.com/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}})
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+        yield other
+    finally:
+        core.delete_namespace(other)
+
+
+def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient, namespace: str,
+                                                           operator: Any) -> None:
+    """A pod of another namespace bound to the pool's one node holds 5 of its 8 GPUs: the pool is sized for the
+    3 left (not 8), says who holds the rest, and all 3 replicas run beside that pod."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    with training_pod(core, namespace, 5) as other:
         wait_for("kwok to run the pod", lambda: core.read_namespaced_pod("training", other).status.phase == "Running")
         body = h100_example("busy", published_results())
         body["spec"]["deployment"]["pools"] = [{"name": "h200", "nodeSelector": {"tailor.dev/node-pool": "eks-h200"},
@@ -291,8 +302,6 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free(api: client.ApiClient
         assert "other pods hold 5 of the pool's 8 GPUs (on 1 node(s)): room for 3 replica(s)" in " ".join(
             pool["notes"])
         assert core.read_namespaced_pod("training", other).status.phase == "Running"
-    finally:
-        core.delete_namespace(other)
 
 
 def test_a_revision_with_no_room_fails_once_and_is_made_again_when_gpus_are_free(
@@ -302,15 +311,7 @@ def test_a_revision_with_no_room_fails_once_and_is_made_again_when_gpus_are_free
     is deleted, once: no new one while there is no room (it looped every few seconds before). Once the pod is
     gone, the operator makes the revision again and the model serves."""
     objects, core, apps = client.CustomObjectsApi(api), client.CoreV1Api(api), client.AppsV1Api(api)
-    (node,) = core.list_node(label_selector="tailor.dev/node-pool=eks-h200").items
-    other = f"{namespace}-other"
-    core.create_namespace({"metadata": {"name": other}})
-    try:
-        core.create_namespaced_pod(other, {"metadata": {"name": "training"}, "spec": {
-            "nodeName": node.metadata.name,
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "train", "image": "example.com/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}})
+    with training_pod(core, namespace, 5) as other:
         body = h100_example("full", published_results())
         body["spec"]["deployment"]["pools"] = [{"name": "h200", "nodeSelector": {"tailor.dev/node-pool": "eks-h200"},
                                                 "concurrency": {"perNode": 8}}]
@@ -332,8 +333,6 @@ def test_a_revision_with_no_room_fails_once_and_is_made_again_when_gpus_are_free
         ready = wait_phase(objects, namespace, "full", "Ready", operator, timeout_s=120)
         assert ready["status"]["pools"][0]["readyReplicas"] == 6 and "failed" not in ready["status"]["pools"][0]
         assert "RevisionRetried" in events(api, namespace, "full")
-    finally:
-        core.delete_namespace(other)
 
 
 def test_hostile_results_fail_their_objects_and_the_operator_serves_the_rest(

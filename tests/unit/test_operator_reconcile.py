@@ -684,6 +684,40 @@ def test_node_churn_never_takes_a_serving_revision_down(kube: FakeKube, churn: s
     assert kube.condition("m", "Ready")["status"] == "True"
 
 
+def test_a_build_keeps_every_generation_a_revision_reads(kube: FakeKube) -> None:
+    """A pool whose nodes went away keeps its older revision (g1) while the other pool serves g2: the next
+    build's plan keeps both folders (it kept only the serving generation's, and g1's model went from under the
+    revision that still serves)."""
+    b200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
+    pools = [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
+             {"name": "b200", "nodeSelector": b200, "concurrency": {"perNode": 16}}]
+    kube.apply(manifest(pools=pools))
+    drive(kube, "Ready")
+    kube.node_list = [n for n in kube.node_list if n["metadata"]["labels"].get("nvidia.com/gpu.product") !=
+                      b200["nvidia.com/gpu.product"]]
+    kube.update_spec("m", {"deployment": {"maxReplicas": 2}})  # deployment only: g2 on h100, b200 keeps g1
+    drive(kube, "Ready")
+    assert kube.names("Deployment") == ["m-b200-g1", "m-h100-g2"] and kube.status("m")["servingGeneration"] == 2
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.9}})  # a new build, g3
+    step(kube)
+    assert plan_of(kube, "m-g3-plan").layout.keep == [1, 2]
+
+
+def test_a_rebuild_keeps_the_last_good_child_until_the_new_one_passes_its_gate(kube: FakeKube) -> None:
+    """With no deployment nothing serves: the last build that passed its gate is kept by the next build (it
+    was pruned as soon as the next build started, before the new child existed)."""
+    body = manifest()
+    body["spec"]["deployment"] = None
+    kube.apply(body)
+    drive(kube, "Ready")
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.9}})  # a new build, g2
+    step(kube)
+    assert plan_of(kube, "m-g2-plan").layout.keep == [1]
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.8}})  # g3 starts before g2 passed its gate
+    step(kube)
+    assert plan_of(kube, "m-g3-plan").layout.keep == [1]  # g1 is still the last good child
+
+
 def test_removing_the_deployment_removes_the_triton_objects(kube: FakeKube) -> None:
     kube.apply(manifest())
     drive(kube, "Ready")

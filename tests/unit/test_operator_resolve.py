@@ -216,9 +216,9 @@ def test_the_75b_child_config_fits_a_termination_message() -> None:
         result.model_copy(update={"pattern": "M" * 5000}).message()
 
 
-def test_a_build_keeps_its_own_and_the_serving_generations_folders_only(tmp_path: Path) -> None:
+def test_a_build_keeps_its_own_and_the_kept_generations_folders_only(tmp_path: Path) -> None:
     body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 5, CATALOG, 1, serving=3)
+    plan = resolve(CompressedModel.model_validate(body).spec, OWNER, 5, CATALOG, 1, keep=[3])
     assert plan.layout.keep == [3]
     folder = tmp_path / plan.layout.folder
     for name in ("g1", "g3", "g4", "g5", "g10", "grafana"):
