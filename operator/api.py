@@ -209,23 +209,26 @@ SOME_TARGET = cel(
 )
 
 
-# Plan fields the operator derives from the spec: planOverrides may not change them (refused at admission and by
-# the operator, `resolve.compression_plan`).
-DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
-           "data.heldout": "spec.compression.data.heldOutPath", "target.gpu": "spec.compression.targetGPU",
-           "target.precision": "spec.quantization.precision",
-           "target.kvDtype": "spec.quantization.kvCacheDtype",
-           "target.batch": "spec.compression.batch or spec.deployment.pools",
-           "target.context": "spec.compression.contextLength", "rounds": "spec.compression.rounds",
-           "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
-           "bld.tokens": "spec.compression.distillation.blockwiseTokens",
-           "gkd.tokens": "spec.compression.distillation.globalTokens", "device": "the operator"}
+# Plan fields the operator derives from the spec, with the spec field that does and their type: planOverrides may
+# not change them (refused at admission and by the operator, `resolve.compression_plan`).
+DECIDED = {"parent": ("spec.source", "string"), "data.text": ("spec.compression.data.path", "string"),
+           "data.heldout": ("spec.compression.data.heldOutPath", "string"),
+           "target.gpu": ("spec.compression.targetGPU", "string"),
+           "target.precision": ("spec.quantization.precision", "string"),
+           "target.kvDtype": ("spec.quantization.kvCacheDtype", "string"),
+           "target.batch": ("spec.compression.batch or spec.deployment.pools", "integer"),
+           "target.context": ("spec.compression.contextLength", "integer"),
+           "rounds": ("spec.compression.rounds", "integer"),
+           "target.requestTokensPerSecond": ("spec.compression.requestTokensPerSecond", "number"),
+           "bld.tokens": ("spec.compression.distillation.blockwiseTokens", "integer"),
+           "gkd.tokens": ("spec.compression.distillation.globalTokens", "integer"),
+           "device": ("the operator", "string")}
 # Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
-DATA_DECIDED = {"data.textField": "spec.compression.data.textField",
-                "data.heldoutEvery": "spec.compression.data.heldOutEvery"}
+DATA_DECIDED = {"data.textField": ("spec.compression.data.textField", "string"),
+                "data.heldoutEvery": ("spec.compression.data.heldOutEvery", "integer")}
 
 
-def _overrides_set(paths: dict[str, str]) -> str:
+def _overrides_set(paths: dict[str, tuple[str, str]]) -> str:
     """CEL: one of `paths` (dotted, under planOverrides) is set."""
     def one(path: str) -> str:
         parts = path.split(".")
@@ -233,24 +236,16 @@ def _overrides_set(paths: dict[str, str]) -> str:
     return " || ".join(f"({one(path)})" for path in paths)
 
 
-DECIDED_TYPES = {"parent": "string", "data.text": "string", "data.heldout": "string", "data.textField": "string",
-                 "data.heldoutEvery": "integer", "target.gpu": "string", "target.precision": "string",
-                 "target.kvDtype": "string", "target.batch": "integer", "target.context": "integer",
-                 "rounds": "integer", "target.requestTokensPerSecond": "number", "bld.tokens": "integer",
-                 "gkd.tokens": "integer", "device": "string"}
-
-
 def decided_schema() -> dict[str, Any]:
     """planOverrides' schema: any fields, and the ones the spec decides declared, so that CEL can see them."""
     root: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True, "properties": {}}
-    for path, kind in DECIDED_TYPES.items():
+    for path, (decider, kind) in (DECIDED | DATA_DECIDED).items():
         node = root
         *parents, leaf = path.split(".")
         for part in parents:
             node = node["properties"].setdefault(part, {
                 "type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {},
                 "description": f"The plan's {part} section: its fields the spec decides may not be set."})
-        decider = {**DECIDED, **DATA_DECIDED}[path]
         node["properties"][leaf] = {"type": kind, "description": f"Set from {decider}; refused here."}
     return root
 
@@ -258,7 +253,7 @@ def decided_schema() -> dict[str, Any]:
 def decided_overrides(overrides: dict[str, Any], with_data: bool) -> list[str]:
     """What planOverrides sets that the spec decides, each with the spec field that does."""
     fixed = DECIDED | (DATA_DECIDED if with_data else {})
-    return sorted(f"planOverrides.{path} is set from {fixed[path]}" for path in fixed
+    return sorted(f"planOverrides.{path} is set from {fixed[path][0]}" for path in fixed
                   if _has_path(overrides, path.split(".")))
 
 
@@ -269,7 +264,7 @@ def _has_path(tree: Any, parts: list[str]) -> bool:
 OVERRIDES_NOT_DECIDED = cel(
     f"!has(self.planOverrides) || !({_overrides_set(DECIDED)})"
     f" && !(has(self.data) && ({_overrides_set(DATA_DECIDED)}))",
-    "planOverrides may not set what the spec decides: " + ", ".join(sorted({**DECIDED, **DATA_DECIDED})),
+    "planOverrides may not set what the spec decides: " + ", ".join(sorted(DECIDED | DATA_DECIDED)),
     ".planOverrides")
 
 

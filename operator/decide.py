@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from tailor.compressor.architecture import ConfigError, architecture_from_config
-from tailor.compressor.buildplan import PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.buildplan import DATA_MOUNT, PLAN_FILE, SOURCE_MOUNT, BuildPlan, Stage
 from tailor.compressor.memory import RECIPES
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, StageResult, unpack_config
 from tailor.operator import names, preflight, rollout
@@ -39,11 +39,12 @@ from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
 from tailor.operator.placement import scheduling
 from tailor.operator.progress import parse as parse_progress
-from tailor.operator.resolve import InvalidPlan, fingerprint, parent_location, resolve, target_batch
+from tailor.operator.resolve import InvalidPlan, fingerprint, mounted_claims, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.tenancy import check_claim, check_secret
 from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, read_plan, start_job
 
+CLAIM_FIELDS = {SOURCE_MOUNT: "spec.source.uri", DATA_MOUNT: "spec.compression.data.claimName"}  # by mount path
 NO_POD_YET = "waiting for a pod"  # a stage Job's message until its pods run (as created: no status write after)
 
 
@@ -79,12 +80,8 @@ def admit(p: Pass, spec: CompressedModelSpec) -> None:
     """What a tenant may not ask for, whatever the API server let through: images outside the allowlist, pod
     annotations outside the allowed prefixes, priority classes the operator does not allow, and claims and
     Secrets it was not given (`tenancy`)."""
-    claim = parent_location(spec)[1]
-    named = {**({claim: "spec.source.uri"} if claim is not None else {}),
-             **({spec.compression.data.claim_name: "spec.compression.data.claimName"} if spec.compression.data
-                else {})}
-    for name, field in named.items():
-        check_claim(p.world.named_claims.get(name), name, field, p.model)
+    for mount, name in mounted_claims(spec, data=True).items():
+        check_claim(p.world.named_claims.get(name), name, CLAIM_FIELDS[mount], p.model)
     if spec.source.credentials_secret is not None:
         check_secret(spec.source.credentials_secret.name, p.name, p.settings.shared_secrets)
     images = {"spec.jobs.image": spec.jobs.image,
