@@ -4,12 +4,12 @@ Discovery's product, GKE's accelerator, an instance type or a team's own label, 
 Job's recipe and KV-cache dtype) on that GPU.
 
 Only nodes that are Ready and report allocatable GPUs count: a node that is draining, NotReady or whose device
-plugin restarts is not capacity. A pool with no such node is skipped with the reason; the operator keeps a revision
-it already serves there (node churn must not take serving down). Of the nodes' allocatable GPUs, those that pods
-bound to the node hold (`HeldGpus`, any namespace's unfinished pods, but not the revision being sized) are not capacity
-either: replicas are capped at what the free GPUs hold, and where that limits them the status says how many GPUs
-other pods hold (only there: other tenants' pods come and go, and a figure that follows them would rewrite every
-model's status as they do). A pool
+plugin restarts is not capacity. A pool with no such node, or whose nodes could not hold `minReplicas` replicas even
+with every GPU free, is skipped with the reason; the operator keeps a revision it already serves there (node churn
+must not take serving down). Of the nodes' allocatable GPUs, those that pods bound to the node hold (`HeldGpus`, any
+namespace's unfinished pods, but not the revision being sized) are not capacity either: replicas are capped at what
+the free GPUs hold, and where that limits them the status says how many GPUs other pods hold (only there: other
+tenants' pods come and go, and a figure that follows them would rewrite every model's status as they do). A pool
 whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs
 weight-only (W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
 development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or the Python
@@ -297,6 +297,18 @@ def _sizing(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantReci
     return size(arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=gpus_per_node)
 
 
+def too_few_gpus(min_replicas: int, tp: int, members: list[dict[str, Any]]) -> str | None:
+    """Why the pool's nodes can never hold `min_replicas` replicas of `tp` GPUs, even with every GPU free (a
+    revision would wait forever, holding what it got); None when they can. Fewer free GPUs than that is not a
+    refusal: other pods end, and the revision waits for them (`rollout`)."""
+    room = sum(allocatable_gpus(node) // tp for node in members)
+    if min_replicas <= room:
+        return None
+    return (f"spec.deployment.minReplicas {min_replicas} needs {min_replicas} replicas of {tp} GPU(s), but the "
+            f"pool's {len(members)} schedulable node(s) hold at most {room} with every GPU free "
+            f"({sum(map(allocatable_gpus, members))} allocatable): lower minReplicas or add nodes to the pool")
+
+
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
               catalog: GpuCatalog, held: dict[str, int] | None = None) -> PoolPlan:
     """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
@@ -325,6 +337,8 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     if isinstance(sizing, str):
         return plan.model_copy(update={"skipped": sizing})
     tp = sizing.tensor_parallel
+    if (why_not := too_few_gpus(deployment.min_replicas, tp, members)) is not None:
+        return plan.model_copy(update={"skipped": why_not})
     target = target_concurrency(pool, len(members))
     needed = math.ceil(target / sizing.concurrency_per_replica)
     taken = {name: min(held.get(name, 0), allocatable_gpus(node))

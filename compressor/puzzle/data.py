@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -27,6 +28,8 @@ from tailor.compressor.puzzle.plan import Corpus, Plan
 JSONL = ".jsonl"
 PIECE_CHARACTERS = 4096  # read and tokenized at a time: a document is never read past what is taken of it
 MAX_UNBROKEN = 16 * PIECE_CHARACTERS  # characters without whitespace tokenized as they are
+MAX_RECORD_BYTES = 64 * 2**20  # a JSONL line (one document) is read whole: longer ones are refused, not loaded
+SCAN_BYTES = 2**20  # read at a time when counting lines: a file's lines may be of any length
 
 
 class DataError(ValueError):
@@ -124,7 +127,10 @@ def _jsonl(path: Path, text_field: str) -> list[Document]:
     found, offset = [], 0
     try:
         with path.open("rb") as file:
-            for number, line in enumerate(file, start=1):
+            for number, line in enumerate(iter(lambda: file.readline(MAX_RECORD_BYTES + 1), b""), start=1):
+                if len(line) > MAX_RECORD_BYTES:
+                    raise DataError(f"{path} line {number}: longer than {MAX_RECORD_BYTES // 2**20} MiB; a JSONL "
+                                    "line is one document, read whole: split it into several")
                 if line.strip():
                     _record_text(path, line, text_field, number)
                     found.append(Document(path, offset, offset + len(line), text_field))
@@ -148,12 +154,27 @@ def _last_lines(document: Document, every: int) -> tuple[Document, Document]:
         return replace(document, lines=(0, cut)), replace(document, lines=(cut, None))
     try:
         with document.path.open("rb") as file:  # two passes, nothing kept: count the lines, then find the cut
-            count = sum(1 for _ in file)
-            file.seek(0)
-            offset = sum(len(next(file)) for _ in range(count - max(1, count // every)))
+            count = _line_start(file, None)
+            offset = _line_start(file, count - max(1, count // every))
     except OSError as error:
         raise DataError(f"{document.path}: cannot read the text ({error.strerror})") from error
     return replace(document, end=offset), replace(document, start=offset)
+
+
+def _line_start(file: BinaryIO, line: int | None) -> int:
+    """Where line `line` (from 0) of `file` starts, in bytes; with None, how many lines it has (a last line
+    without a newline counts). Read a block at a time: no line is ever held whole."""
+    file.seek(0)
+    seen, offset, last = 0, 0, b"\n"
+    while block := file.read(SCAN_BYTES):
+        count = block.count(b"\n")
+        if line is not None and seen + count >= line:
+            end = -1
+            for _ in range(line - seen):
+                end = block.index(b"\n", end + 1)
+            return offset + end + 1
+        seen, offset, last = seen + count, offset + len(block), block[-1:]
+    return seen + (last != b"\n") if line is None else offset
 
 
 def split_texts(files: list[Path], every: int, text_field: str = "text") -> tuple[list[Document], list[Document]]:

@@ -320,6 +320,24 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     assert unknown.replicas == 16 and "GPUs other pods hold are not known" in " ".join(unknown.notes)
 
 
+def test_min_replicas_beyond_what_the_pools_nodes_can_ever_hold_skips_the_pool_with_the_reason() -> None:
+    """16 H100s hold 16 one-GPU replicas: minReplicas 17 would leave a revision waiting forever for GPUs no node
+    has (the old operator planned 17 replicas); other pods holding GPUs is no refusal, the revision waits."""
+    pool = [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 8}}]
+    (refused,) = plan_pools(spec_with("nemotron-super-h100", pool, minReplicas=17, maxReplicas=20), NODES)
+    assert refused.replicas is None and refused.skipped == (
+        "spec.deployment.minReplicas 17 needs 17 replicas of 1 GPU(s), but the pool's 2 schedulable node(s) hold at "
+        "most 16 with every GPU free (16 allocatable): lower minReplicas or add nodes to the pool")
+    (fits,) = plan_pools(spec_with("nemotron-super-h100", pool, minReplicas=16, maxReplicas=20), NODES)
+    assert fits.skipped is None and fits.replicas == 16
+    model = spec_with("nemotron-super-h100", pool, minReplicas=16, maxReplicas=20)
+    assert model.spec.deployment is not None
+    recipe = recipe_for(resolve_precision(model.spec.quantization.precision, CATALOG.get("H100-80GB")), CHILD)
+    (busy,) = plan_deployment(model.spec.deployment, NODES, Built(arch=CHILD, recipe=recipe, kv_dtype=KvDtype.FP8),
+                              CATALOG, {fits.nodes[0]: 4})
+    assert busy.skipped is None and (busy.replicas, busy.capacity) == (16, 12)  # planned; waits for 4 GPUs
+
+
 def test_what_a_pool_makes_of_a_node_snapshot_and_a_build_is_worked_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator reads the nodes once per `NODES_TTL_S` for every pass: a pool's view of that snapshot, and the
     sizing of one build on one GPU, are computed once; nodes read again, or another build, are worked out anew."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import AutoTokenizer
 
 from tailor.compressor import sources
 from tailor.compressor.puzzle.data import (
+    MAX_RECORD_BYTES,
     DataError,
     Document,
     corpus_texts,
@@ -113,6 +115,29 @@ def test_a_bad_jsonl_line_is_named_with_its_file(tmp_path: Path, line: str, says
     path.write_text(json.dumps({"body": "fine"}) + "\n" + line + "\n")
     with pytest.raises(DataError, match=rf"{path}[ ]{says}"):
         corpus_texts(Corpus(text=str(path), text_field="body"))
+
+
+def test_a_line_of_any_length_is_never_held_whole(tmp_path: Path) -> None:
+    """A JSONL line longer than MAX_RECORD_BYTES is refused naming its file and line, and finding a single
+    document's held-out lines reads blocks: neither holds the 400 MiB line (the old code read it whole, twice)."""
+    huge = 400 * 2**20
+    record = tmp_path / "huge.jsonl"
+    with record.open("wb") as file:
+        file.write(b'{"text": "fine"}\n{"text": "')
+        file.truncate(huge)  # a sparse file: 400 MiB of NUL bytes in the second line, never ending
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=rf"{record} line 2: longer than 64 MiB; a JSONL line is one document"):
+            corpus_texts(Corpus(text=str(record)))
+        text = tmp_path / "one.txt"
+        with text.open("wb") as file:
+            file.write(b"first\nsecond\n")
+            file.truncate(huge)  # a third line of 400 MiB, no newline at its end
+        train, heldout = split_texts([text], 3)
+        assert (train[0].end, heldout[0].start) == (13, 13)  # 3 lines: the last held out, the first 2 trained
+        assert tracemalloc.get_traced_memory()[1] < 3 * MAX_RECORD_BYTES < huge  # readline's buffer and copy
+    finally:
+        tracemalloc.stop()
 
 
 def test_a_held_out_source_is_scored_and_evaluated_on_and_never_trained_on(tmp_path: Path) -> None:
