@@ -200,7 +200,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 return False
             start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
                       scheduling(spec.jobs, gpu_terms(plan.catalog().get(plan.target_gpu))),
-                      memory=preflight.memory_request(fits))
+                      host=preflight.host_need(fits))
             if fits is not None:
                 p.event("FitChecked", preflight.summary(fits))
             if room is not None:

@@ -23,9 +23,10 @@ import math
 from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
+from tailor.compressor.hostmemory import HostNeed, stage_need
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
-from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget
+from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget, quantity_value
 from tailor.operator.placement import pod_metadata, resources, scheduling
 from tailor.operator.pools import PoolPlan
 
@@ -69,6 +70,22 @@ RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabili
               "seccompProfile": {"type": "RuntimeDefault"}}
 # fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+def shm_bytes(gpus: int) -> int:
+    """The memory-backed /dev/shm a pod of `gpus` GPUs gets (none for one: no workers exchange through it)."""
+    return SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
+
+
+def memory_bounds(host: HostNeed | None, gpus: int, shm: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Requests and limits for a pod of `gpus` GPUs that holds `host` in RAM (None: a stage's allowance): the
+    per-GPU floor, a request of the need where it is this model's footprint (an allowance is only a bound), and
+    the limit with headroom and the pod's /dev/shm."""
+    host = host or stage_need(gpus)
+    requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
+    if not host.assumed:
+        requests["memory"] = max(requests["memory"], host.request(), key=quantity_value)
+    return requests, {"memory": host.limit(shm)}
 
 
 def scaled(per_gpu: dict[str, str], gpus: int) -> dict[str, str]:
@@ -194,10 +211,11 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
     }
 
 
-def gpu_resources(gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
-    """Triton's requests and limits: `gpus` GPUs with the per-GPU floor, the pool's own requests and limits over
-    the floor."""
-    return resources(scaled(REQUESTS_PER_GPU, gpus), gpus, pool, f"spec.deployment.pools[{pool.name}].resources")
+def gpu_resources(gpus: int, pool: NodePoolTarget, host: HostNeed | None) -> dict[str, Any]:
+    """Triton's requests and limits: `gpus` GPUs, memory for `host` (`memory_bounds`), the pool's own requests
+    and limits over them."""
+    requests, limits = memory_bounds(host, gpus, shm_bytes(gpus))
+    return resources(requests, gpus, pool, f"spec.deployment.pools[{pool.name}].resources", limits)
 
 
 def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
@@ -209,7 +227,7 @@ def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) 
         "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items())],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": gpu_resources(gpus, pool),
+        "resources": gpu_resources(gpus, pool, None),  # the parent's replica and the child's: an allowance
         "volumeMounts": [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}],
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
                            "timeoutSeconds": PROBE_TIMEOUT_S},
@@ -256,7 +274,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
                  f"--exit-timeout-secs={deployment.drain_seconds}"],
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": gpu_resources(gpus, target),
+        "resources": gpu_resources(gpus, target, plan.host),
         "volumeMounts": mounts,
         "startupProbe": probe("/v2/health/ready", startup),
         "livenessProbe": probe("/v2/health/live", 3),

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
 from tailor.compressor.hardware import GpuProfile
+from tailor.compressor.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, PodPlacement
 from tailor.operator.deployment import (
@@ -28,16 +29,16 @@ from tailor.operator.deployment import (
     POD_SECURITY,
     PORTS,
     RESTRICTED,
+    SHM_PER_GPU_GIB,
+    memory_bounds,
     owner_reference,
-    scaled,
+    shm_bytes,
 )
 from tailor.operator.placement import KUEUE_QUEUE_LABEL, pod_metadata, resources
 
 RENDEZVOUS_PORT = 29500
 JOB_SERVICE_ACCOUNT = "tailor-job"
 RESULT_FILE = "/dev/termination-log"
-REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps the pod out of BestEffort
-SHM_PER_GPU_GIB = 8
 
 
 class JobSettings(BaseModel):
@@ -49,8 +50,8 @@ class JobSettings(BaseModel):
     nodes: int = Field(1, ge=1, le=64)
     backoff_limit: int = Field(2, ge=0, le=100)
     active_deadline_seconds: int = Field(7 * 24 * 3600, ge=60)
-    memory: str | None = Field(None, pattern=r"^[1-9][0-9]*Mi$",
-                               description="The pod's memory request; default: the per-GPU floor.")
+    host: HostNeed | None = Field(None, description="The pod's host memory, where its footprint is known; "
+                                                   "default: the per-GPU floor request, the allowance as limit.")
     queue_name: str | None = Field(None, description="The Kueue LocalQueue the Job waits in to be admitted.")
 
 
@@ -115,10 +116,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     if gpus > 1:
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
-    requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
-    if settings.memory is not None:
-        requests["memory"] = settings.memory
-    container_resources = resources(requests, gpus, placement if gpus else None, "spec.jobs.resources")
+    requests, limits = memory_bounds(settings.host, gpus, shm_bytes(gpus))
+    container_resources = resources(requests, gpus, placement if gpus else None, "spec.jobs.resources", limits)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.service_account,

@@ -64,13 +64,17 @@ def pod_metadata(placement: PodPlacement | None, labels: dict[str, str],
             "annotations": {**(placement.pod_annotations if placement else {}), **(annotations or {})}}
 
 
-def resources(requests: dict[str, str], gpus: int, placement: PodPlacement | None, field: str) -> dict[str, Any]:
-    """A container's requests and limits: Tailor's `requests` with the spec's requests and limits over them, and
-    `gpus` GPUs, which stay Tailor's. A limit below its request is refused naming `field`, before the API server
-    refuses the pod."""
+def resources(requests: dict[str, str], gpus: int, placement: PodPlacement | None, field: str,
+              limits: dict[str, str] | None = None) -> dict[str, Any]:
+    """A container's requests and limits: Tailor's `requests` and `limits` with the spec's over them, and `gpus`
+    GPUs, which stay Tailor's. A spec's request above Tailor's limit raises that limit to it (the spec asked for
+    more); a limit the spec sets below its request is refused naming `field`, before the API server refuses the
+    pod."""
     own = placement.resources if placement else None
-    requests = {**requests, **(own.requests if own else {})}
-    limits = dict(own.limits) if own else {}
+    asked = own.requests if own else {}
+    requests = {**requests, **asked}
+    limits = {**{name: max(limit, asked[name], key=quantity_value) if name in asked else limit
+                 for name, limit in (limits or {}).items()}, **(own.limits if own else {})}
     for name, limit in limits.items():
         if name in requests and quantity_value(limit) < quantity_value(requests[name]):
             raise Refused(Reason.INVALID_SPEC, f"{field}: the {name} limit {limit} is below its request "

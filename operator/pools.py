@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict
 from tailor.compressor.architecture import Architecture
 from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
 from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
+from tailor.compressor.hostmemory import HostNeed, serving_need
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
-from tailor.compressor.serving.engines import Engine, choose
+from tailor.compressor.serving.engines import Engine, cache_bytes, choose
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
@@ -72,6 +73,7 @@ class PoolPlan(BaseModel):
     engine: Engine | None = None
     quantized: bool = True  # serves the quantized checkpoint (else the BF16 child)
     sizing: Sizing | None = None
+    host: HostNeed | None = None  # what a replica holds in host memory
     skipped: str | None = None  # why the pool gets no deployment
     notes: list[str] = []
 
@@ -357,10 +359,13 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
         if taken and limit != "maxReplicas":  # only where they limit it: other tenants' pods come and go
             notes.append(f"other pods hold {sum(taken.values())} of the pool's {allocatable} GPUs (on "
                          f"{len(taken)} node(s)): room for {capacity} replica(s) of {tp} GPU(s)")
-    return plan.model_copy(update={
+    plan = plan.model_copy(update={
         "tensor_parallel": tp, "concurrency_per_gpu": sizing.concurrency_per_gpu,
         "concurrency_per_replica": sizing.concurrency_per_replica, "target_concurrency": target,
         "replicas": replicas, "capacity": capacity, "sizing": sizing, "notes": notes})
+    batch = plan.max_num_seqs()
+    cache = cache_bytes(gpu, sizing, batch) if engine.engine is Engine.VLLM else batch * sizing.footprint.per_request
+    return plan.model_copy(update={"host": serving_need(gpu.family == "cpu", tp, sizing.footprint.weights, cache)})
 
 
 def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built, catalog: GpuCatalog,

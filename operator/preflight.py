@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hardware import MIB
+from tailor.compressor.hostmemory import HostNeed, stage_need
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
 from tailor.operator.api import CompressedModelSpec, quantity_value
 from tailor.operator.conditions import Reason, Refused
@@ -109,12 +109,12 @@ def check_claim(spec: CompressedModelSpec, claim: str, capacity: str, to_create:
     return need
 
 
-def memory_request(fp: Footprint | None) -> str | None:
-    """A CPU run's pod memory request: what the node's ranks hold together at the peak stage. None on GPUs
-    (their need is device memory; the Job keeps its per-GPU floor) and when nothing was checked."""
+def host_need(fp: Footprint | None) -> HostNeed | None:
+    """A CPU run's host memory: what the node's ranks hold together at the peak stage. None on GPUs (the
+    footprint models device memory; the Job gets the per-GPU allowance) and when nothing was checked."""
     if fp is None or not fp.on_cpu:
         return None
-    return f"{math.ceil(fp.host_bytes_per_node() / MIB)}Mi"
+    return stage_need(1, fp.host_bytes_per_node())
 
 
 def summary(fp: Footprint) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
@@ -97,11 +98,11 @@ def read_plan(text: str) -> BuildPlan:
 
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
               config_map: str, scheduling: dict[str, Any], pool: str | None = None, reader: bool = False,
-              memory: str | None = None, sidecar: dict[str, Any] | None = None) -> None:
+              host: HostNeed | None = None, sidecar: dict[str, Any] | None = None) -> None:
     """Create a stage's Job and what it needs (or its result reader's, without GPUs), placed by `scheduling`
-    (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `memory`
-    overrides the pod's memory request; a `sidecar` runs beside it (the speed Job's Triton, which holds its
-    GPUs)."""
+    (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `host` is what
+    the pod holds in host memory, where its footprint is known; a `sidecar` runs beside it (the speed Job's
+    Triton, which holds its GPUs)."""
     jobs = spec.jobs
     distributed = stage in DISTRIBUTED_STAGES and not reader
     gpus = jobs.gpus_per_node if distributed else 1 if stage in ONE_GPU_STAGES and not reader else 0
@@ -110,7 +111,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
                            backoff_limit=0 if stage == "speed" else jobs.backoff_limit,
                            active_deadline_seconds=min(jobs.active_deadline_seconds, SPEED_DEADLINE_S)
                            if stage == "speed" else jobs.active_deadline_seconds,
-                           memory=memory, queue_name=jobs.queue_name or p.settings.queue_name)
+                           host=host, queue_name=jobs.queue_name or p.settings.queue_name)
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]

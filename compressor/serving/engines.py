@@ -127,6 +127,13 @@ def cache_layout(gpu: GpuProfile, sizing: Sizing) -> CacheLayout:
                        + footprint.mamba_layers)
 
 
+def cache_bytes(gpu: GpuProfile, sizing: Sizing, max_num_seqs: int) -> int:
+    """The KV cache and state vLLM allots a replica per GPU for `max_num_seqs` requests: the pages of each
+    (`cache_layout`) and the one page it keeps back."""
+    layout = cache_layout(gpu, sizing)
+    return (max_num_seqs * layout.pages_per_request + 1) * layout.page_bytes
+
+
 def reads_own_config_class(config: dict[str, Any]) -> bool:
     """Whether a checkpoint's config is read through tailor's config class (a Puzzle child's type, with tailor's
     `auto_map` or none yet, as in a compress result): the one case an engine runs code a checkpoint carries
@@ -149,7 +156,7 @@ def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: 
     args: dict[str, Any] = {
         "model": checkpoint, "tokenizer": checkpoint, "dtype": dtype, "max_model_len": sizing.context,
         "max_num_seqs": max_num_seqs, "block_size": layout.block_size,
-        "kv_cache_memory_bytes": (max_num_seqs * layout.pages_per_request + 1) * layout.page_bytes,
+        "kv_cache_memory_bytes": cache_bytes(gpu, sizing, max_num_seqs),
         "gpu_memory_utilization": round(sizing.footprint.usable / gpu.memory_bytes, 4),
         "tensor_parallel_size": sizing.tensor_parallel,
         "kv_cache_dtype": "fp8" if sizing.kv_dtype is KvDtype.FP8 else "auto",

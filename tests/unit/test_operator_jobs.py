@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.hostmemory import stage_need
 from tailor.operator.jobs import JobSettings, gpu_terms, launcher, stage_args, stage_job
 from tailor.operator.placement import scheduling
 
@@ -53,18 +54,29 @@ def test_a_multi_node_stage_is_an_indexed_job_with_a_headless_service() -> None:
     assert "nodeSelector" not in pod
 
 
-def test_stage_pods_are_not_best_effort_and_multi_gpu_pods_get_shared_memory() -> None:
+def test_stage_pods_are_not_best_effort_are_limited_in_memory_and_multi_gpu_pods_get_shared_memory() -> None:
+    """Requests keep a pod out of BestEffort; every stage pod has a memory limit (the old Jobs had none): the
+    footprint with headroom where it is known, else the per-GPU allowance, and the /dev/shm it may fill."""
     (job, _) = stage_job(OWNER, "compress", 3, JobSettings(image="i", gpus_per_node=8, nodes=2), B200,
                          "claim", "plan")
     pod = job["spec"]["template"]["spec"]
     requests = pod["containers"][0]["resources"]["requests"]
     assert requests == {"cpu": "4000m", "memory": "16Gi", "nvidia.com/gpu": "8"}
+    # 8 GPUs x 32 GiB assumed, x 1.25, and 64 GiB of /dev/shm
+    assert pod["containers"][0]["resources"]["limits"] == {"memory": f"{(8 * 32 * 5 // 4 + 64) * 1024}Mi",
+                                                           "nvidia.com/gpu": "8"}
+    footprint = stage_need(1, 6 * 2**30)  # a CPU run whose ranks hold 6 GiB at their peak stage
+    (cpu,) = stage_job(OWNER, "compress", 3, JobSettings(image="i", host=footprint), B200, "claim", "plan")
+    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "6144Mi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "7680Mi", "nvidia.com/gpu": "1"}}
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     (package,) = stage_job(OWNER, "package", 3, JobSettings(image="i", gpus_per_node=0), B200, "claim",
                            "plan", pool="b200")
     container = package["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}}  # no GPU, still Burstable
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"},  # no GPU, still Burstable
+                                      "limits": {"memory": "10240Mi"}}  # 8 GiB assumed for a step, x 1.25
     assert container["command"] == ["tailor", "package", "--plan", "/plan/plan.yaml"]
     assert package["metadata"]["name"] == "m-g3-package-b200"

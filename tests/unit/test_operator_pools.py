@@ -13,9 +13,9 @@ import yaml
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.memory import KvDtype, recipe_for
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.serving.engines import Engine, cache_bytes
 from tailor.operator import pools
-from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel
+from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
 from tailor.operator.memo import IdentityMemo
@@ -152,6 +152,8 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert deployment["spec"]["replicas"] == plan.replicas
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["resources"]["requests"] == {"cpu": "1000m", "memory": "4Gi", "nvidia.com/gpu": "2"}
+    # host memory on GPUs is assumed: 8 GiB per worker and 2 for the server, x 1.25, and the 16 GiB of /dev/shm
+    assert container["resources"]["limits"]["memory"] == f"{round(((2 * 8 + 2) * 1.25 + 16) * 1024)}Mi"
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]  # TP 2
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert deployment["spec"]["progressDeadlineSeconds"] == container["startupProbe"]["failureThreshold"] * 10 + 300
@@ -193,6 +195,39 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
         manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i")
+
+
+def test_a_cpu_replica_requests_and_is_limited_to_its_weights_cache_and_runtime() -> None:
+    """On the cpu profile a replica holds its weights and its whole KV cache in RAM: the request is that and the
+    measured runtime, the limit 1.25 times it (the old Deployment asked for a 2Gi floor and had no limit); a
+    pool's own memory request above Tailor's limit raises the limit, and its own limit wins."""
+    model = CompressedModel.model_validate(example("smollm2-135m-cpu"))
+    smol = load_architecture("smollm2-135m")
+    assert model.spec.deployment is not None
+    (plan,) = plan_deployment(model.spec.deployment, NODES, Built(arch=smol, recipe=recipe_for(
+        resolve_precision("bf16", CATALOG.get("cpu")), smol), kv_dtype=KvDtype.BF16), CATALOG)
+    assert plan.host is not None and plan.sizing is not None and plan.engine is Engine.VLLM
+    cache = cache_bytes(CATALOG.get("cpu"), plan.sizing, plan.max_num_seqs())
+    assert plan.host.parts == {"weights": plan.sizing.footprint.weights, "KV cache and state": cache,
+                               "runtime": 3 * 2**30} and not plan.host.assumed
+    owner = {"metadata": {"name": "smol", "namespace": "default", "uid": "1234"}}
+
+    def resources(pool: dict[str, Any] | None = None) -> dict[str, Any]:
+        deployment = model.spec.deployment
+        assert deployment is not None
+        if pool is not None:
+            deployment = deployment.model_copy(update={"pools": [
+                deployment.pools[0].model_copy(update={"resources": ResourceRequirements.model_validate(pool)})]})
+        made = manifests(owner, plan, deployment, "artifacts", "g1/repo", 1, deployment.triton_image, {},
+                         frontend_image=RUNTIME_IMAGE)[0]
+        return dict(made["spec"]["template"]["spec"]["containers"][0]["resources"])
+
+    total = plan.host.total
+    assert resources() == {"requests": {"cpu": "500m", "memory": f"{math.ceil(total / 2**20)}Mi",
+                                        "nvidia.com/gpu": "1"},
+                           "limits": {"memory": f"{math.ceil(total * 1.25 / 2**20)}Mi", "nvidia.com/gpu": "1"}}
+    assert resources({"requests": {"memory": "64Gi"}})["limits"]["memory"] == "64Gi"
+    assert resources({"limits": {"memory": "16Gi"}})["limits"]["memory"] == "16Gi"
 
 
 @pytest.mark.parametrize(("autoscaling", "engine", "expected"), [

@@ -194,7 +194,7 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", TRITON_VLLM_IMAGE,
                                                                             ["tritonserver"])
     assert f"--model-repository=/models/{names.folder(kube.model('m'))}/g1/speed-h100/repository" in triton["args"]
-    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "40960Mi"}  # 32 GiB assumed x 1.25
     assert {"name": "artifacts", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in triton["env"]
     assert speed["command"] == ["tailor", "speed", "--plan", "/plan/plan.yaml", "--http-port=8000",
@@ -220,7 +220,7 @@ def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     (triton,) = pod["initContainers"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in pod["volumes"]
-    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "4", "memory": f"{(4 * 40 + 32) * 1024}Mi"}  # + shm
 
 
 def test_a_measured_speedup_goes_into_the_status_and_a_failed_one_says_why(kube: FakeKube) -> None:
@@ -631,7 +631,7 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
     assert kube.obj("PersistentVolumeClaim", "m-artifacts")["spec"]["resources"]["requests"]["storage"] == "3Ti"
     job = kube.obj("Job", "m-g3-compress")["spec"]
     assert job["completions"] == 5 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "nvidia.com/gpu": "8"}
+        "nvidia.com/gpu": "8", "memory": f"{(8 * 40 + 64) * 1024}Mi"}  # 32 GiB per GPU assumed x 1.25, + shm
     assert any(reason == "FitChecked" and "fits 5 node(s) x 8 H100-80GB" in message
                for _, reason, message in kube.events)
     assert any(reason == "ClaimChecked" and "up to 2,964 GB" in message for _, reason, message in kube.events)
@@ -640,7 +640,7 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
 def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
     from tailor.compressor.architecture import load_architecture
     from tailor.compressor.puzzle.footprint import footprint
-    from tailor.operator.preflight import memory_request
+    from tailor.operator.preflight import host_need
 
     kube = FakeKube()
     body = yaml.safe_load((REPO / "examples" / "smollm2-135m-cpu.yaml").read_text())
@@ -649,11 +649,13 @@ def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
     give_claim(kube, "models")
     kube.apply(body)
     assert step(kube).phase == "Compressing"
-    requests = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    resources = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["resources"]
     plan = plan_of(kube, "m-g1-plan")
     fp = footprint(load_architecture("smollm2-135m"), plan.puzzle, plan.catalog().get("cpu"), gpus_per_node=2)
-    assert requests["memory"] == memory_request(fp) and fp.fits
-    assert int(requests["memory"].removesuffix("Mi")) > 1024  # more than the 2 x 500Mi... floor would say
+    need = host_need(fp)
+    assert need is not None and fp.fits
+    assert (resources["requests"]["memory"], resources["limits"]["memory"]) == (need.request(), need.limit(16 * 2**30))
+    assert int(resources["requests"]["memory"].removesuffix("Mi")) > 4096  # more than the 2 x 2Gi floor says
 
 
 # --- hardening: node churn and rollouts -----------------------------------------------------------------
