@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     plans.add_parser(nouns)
     run_operator.add_parser(nouns)
     run_operator.add_check_parser(nouns)
+    run_operator.add_release_parser(nouns)
     return parser
 
 

@@ -21,6 +21,7 @@ def _operator(args: argparse.Namespace) -> int:
 
     from tailor.compressor.hardware import GpuCatalog
     from tailor.operator import handlers
+    from tailor.operator.deployment import ServingIngress
     from tailor.operator.settings import OperatorSettings
 
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
@@ -37,7 +38,10 @@ def _operator(args: argparse.Namespace) -> int:
                                                                   or OperatorSettings.annotation_prefixes),
                                         priority_classes=tuple(args.allowed_priority_class or ()),
                                         queue_name=args.queue_name,
-                                        shared_secrets=tuple(args.shared_secret or ())),
+                                        shared_secrets=tuple(args.shared_secret or ()),
+                                        serving_ingress=None if args.no_ingress_policy else ServingIngress(
+                                            tuple(args.monitoring_namespace or ServingIngress.monitoring_namespaces),
+                                            tuple(args.client_namespace or ()), tuple(args.client_cidr or ()))),
                         namespaces=() if args.all_namespaces else tuple(args.namespace))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
@@ -77,6 +81,17 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--shared-secret", action="append",
                         help="Secret every CompressedModel may name as source.credentialsSecret (repeatable; each "
                              "may always name its own, <name>-credentials)")
+    parser.add_argument("--monitoring-namespace", action="append",
+                        help="namespace of the monitoring stack, which may scrape the Triton pods (repeatable; "
+                             "default: monitoring)")
+    parser.add_argument("--client-namespace", action="append",
+                        help="namespace whose pods may call every model's Triton pods, e.g. a gateway's (repeatable; "
+                             "each model's own namespace always may)")
+    parser.add_argument("--client-cidr", action="append",
+                        help="address range that may call every model's Triton pods, e.g. a load balancer's "
+                             "(repeatable)")
+    parser.add_argument("--no-ingress-policy", action="store_true",
+                        help="create no NetworkPolicy limiting who reaches the Triton pods (their egress stays denied)")
     parser.add_argument("--queue-name", help="Kueue LocalQueue of the stage Jobs when spec.jobs.queueName is not set")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")
@@ -102,3 +117,26 @@ def add_check_parser(nouns: Any) -> None:
     parser.add_argument("--deployment", required=True, help="the operator's Deployment, NAMESPACE/NAME")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to keep retrying")
     parser.set_defaults(run=_check)
+
+
+def _release(args: argparse.Namespace) -> int:
+    from tailor.operator.release import run
+
+    released = run(args.stop, None if args.all_namespaces else args.namespace, args.timeout)
+    print(f"released {released} CompressedModel(s): deleting one no longer waits for the operator")
+    return 0
+
+
+def add_release_parser(nouns: Any) -> None:
+    parser = nouns.add_parser(
+        "operator-release", help="stop the operator and remove its finalizer from CompressedModels, so that they "
+                                 "can be deleted without it (the chart's pre-delete hook; or after a namespace "
+                                 "leaves watchNamespaces)")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--all-namespaces", action="store_true", help="every namespace's CompressedModels")
+    scope.add_argument("--namespace", action="append", help="this namespace's CompressedModels (repeatable)")
+    parser.add_argument("--stop", metavar="NAMESPACE/NAME",
+                        help="the operator's Deployment: scaled to zero (and its pods gone) first, or it would add "
+                             "the finalizer back")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the operator's pods to go")
+    parser.set_defaults(run=_release)

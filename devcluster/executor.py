@@ -611,6 +611,7 @@ class Executor:
         if (limit := container.memory_limit()) is not None and (
                 procs := self.limits.create(container.cgroup(local.uid), limit)) is not None:
             env[memorylimits.ENV] = str(procs)
+            log(f"{local.namespace}/{local.name}: {spec['name']} runs in a memory cgroup of {limit // 2**20} MiB")
         command = [sys.executable, "-I", "-m", "tailor.devcluster.shim", str(os.getpid()), str(local.grace_s),
                    str(container.exit_file), *argv]
         with container.log_file.open("ab") as sink:
@@ -752,6 +753,8 @@ class Executor:
         self._terminate(pods, STOP_ALL_S)  # each shim kills its tree after its own pod's grace period
         for local in pods:
             local.save()
+            for container in local.containers:
+                self.limits.remove(container.cgroup(local.uid))
         if pods:
             log(f"executor: stopped {len(pods)} pod(s)")
 

@@ -75,6 +75,7 @@ class Limits:
         group = self.group(name)
         if group is None:
             return None
+        self.remove(name)  # one left by an executor that died: its oom_kill count is not this run's
         try:
             group.mkdir(exist_ok=True)
             (group / self.flavour.limit_file).write_text(str(limit_bytes))

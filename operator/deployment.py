@@ -6,7 +6,8 @@ vLLM and Triton's Python backend), which runs the backend the package Job put in
 `model.py`: the code the devcluster's pods run) with the engine arguments beside it (`model.json`: max_num_seqs,
 max_model_len, KV-cache bytes and dtype, tensor parallelism, from the sizing); the Python fallback engine runs
 tailor's runtime image. Triton pods never reach a model hub (`OFFLINE_ENV`): they load only the claim's files, and
-a NetworkPolicy denies them every egress (`egress_policy`).
+a NetworkPolicy denies them every egress (`egress_policy`); another lets only their namespace, the monitoring stack
+and the clients the operator was told of reach them (`ingress_policy`).
 
 Each generation that deploys gets its own revision (`<model>-<pool>-g<generation>`: Deployment, PDB, HPA);
 the pool's Service (`<model>-<pool>`) selects one revision, and moves to a new one only once it is ready.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
@@ -105,6 +107,7 @@ def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
 
 TRITON = {names.APP_NAME: "triton"}
 NO_EGRESS = {f"{GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace has it, set by the API server
 
 
 def labels(model: dict[str, Any], pool: str) -> dict[str, str]:
@@ -130,6 +133,33 @@ def egress_policy(model: dict[str, Any]) -> dict[str, Any]:
             "metadata": _metadata(model, names.egress_policy_name(model["metadata"]["name"]),
                                   names.model_labels(model)),
             "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"], "egress": []}}
+
+
+@dataclass(frozen=True)
+class ServingIngress:
+    """Who may reach a model's serving pods besides its own namespace: the monitoring stack's namespaces
+    (Prometheus scrapes the metrics port) and clients elsewhere (a gateway's namespace, a load balancer's range)."""
+
+    monitoring_namespaces: tuple[str, ...] = ("monitoring",)
+    client_namespaces: tuple[str, ...] = ()
+    client_cidrs: tuple[str, ...] = ()
+
+
+def ingress_policy(model: dict[str, Any], allowed: ServingIngress) -> dict[str, Any]:
+    """Ingress to the model's serving pods only from pods of its namespace and from `allowed`: another tenant's
+    pods cannot call its models or read their metrics. Enforced where the network plugin enforces NetworkPolicy
+    (as `egress_policy`); kubelet probes come from the node, which those plugins let through."""
+    peers: list[dict[str, Any]] = [{"podSelector": {}}]
+    namespaces = sorted({*allowed.monitoring_namespaces, *allowed.client_namespaces})
+    if namespaces:
+        peers.append({"namespaceSelector": {"matchExpressions": [
+            {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": namespaces}]}})
+    peers += [{"ipBlock": {"cidr": cidr}} for cidr in allowed.client_cidrs]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(model, names.ingress_policy_name(model["metadata"]["name"]),
+                                  names.model_labels(model)),
+            "spec": {"podSelector": {"matchLabels": {**names.model_labels(model), **NO_EGRESS}},
+                     "policyTypes": ["Ingress"], "ingress": [{"from": peers}]}}
 
 
 def pod_ports(engine: Engine) -> dict[str, int]:

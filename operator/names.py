@@ -74,6 +74,12 @@ def revision_name(name: str, pool: str, generation: int) -> str:
     return f"{service_name(name, pool)}-g{generation}"
 
 
+def ingress_policy_name(name: str) -> str:
+    """The NetworkPolicy that lets only the namespace, the monitoring stack and named clients reach the model's
+    serving pods."""
+    return f"{name}-ingress"
+
+
 def egress_policy_name(name: str) -> str:
     """The NetworkPolicy that cuts the model's serving pods off from everything outside them."""
     return f"{name}-no-egress"

@@ -35,6 +35,7 @@ from tailor.operator.deployment import (
     ENGINE_ANNOTATION,
     TRITON,
     egress_policy,
+    ingress_policy,
     manifests,
     pod_ports,
     pool_scheduling,
@@ -186,6 +187,8 @@ def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: 
         image = deployment.triton_image
         engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
     p.create(egress_policy(p.model))
+    if p.settings.serving_ingress is not None:
+        p.create(ingress_policy(p.model, p.settings.serving_ingress))
     for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
                               image, engine_config, p.settings.serving_service_account, p.settings.job_image):
         p.create(manifest)
@@ -238,6 +241,7 @@ def remove_serving(p: Pass, keep: set[str]) -> None:
     if not keep:
         if p.status.pools or p.status.serving_generation is not None:  # it was deploying or serving
             p.delete("NetworkPolicy", names.egress_policy_name(p.name))
+            p.delete("NetworkPolicy", names.ingress_policy_name(p.name))
         p.status.pools, p.status.endpoints, p.status.ready_replicas = [], [], None
         p.status.serving_generation = None
         p.status.conditions = without(p.status.conditions, DEPLOYED)

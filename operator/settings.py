@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tailor.compressor.hardware import GpuCatalog
 from tailor.operator.api import RUNTIME_IMAGE
-from tailor.operator.deployment import SERVING_SERVICE_ACCOUNT
+from tailor.operator.deployment import SERVING_SERVICE_ACCOUNT, ServingIngress
 from tailor.operator.jobs import JOB_SERVICE_ACCOUNT
 
 PROJECT_IMAGES = "ghcr.io/tailor-dev/"
@@ -34,6 +34,7 @@ class OperatorSettings:
     priority_classes: tuple[str, ...] = ()  # those a tenant may name; empty: any but system-*
     queue_name: str | None = None  # the Kueue LocalQueue of stage Jobs whose spec names none
     shared_secrets: tuple[str, ...] = ()  # credentials Secrets every object may name (besides <name>-credentials)
+    serving_ingress: ServingIngress | None = field(default_factory=lambda: ServingIngress())  # None: no policy
 
     def image_allowed(self, image: str) -> bool:
         return image == self.job_image or any(image.startswith(prefix) for prefix in self.image_prefixes)

@@ -19,7 +19,9 @@ from kubernetes import client
 
 from tailor.devcluster import build, cluster
 from tailor.devcluster.executor import free_port
+from tailor.operator.names import FINALIZER
 
+from cmodels import OBJECTS, cmodel, h100_example
 from conftest import CHART, DEVCLUSTER_VALUES, KUBE_VERSION, InstalledOperator, wait_for
 
 # Every option away from its default: cluster-wide RBAC, NetworkPolicy, monitoring, profiles, pull secrets.
@@ -36,8 +38,7 @@ CUSTOM = {
                  "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system",
                                   "effect": "NoSchedule"}],
                  "priorityClassName": "system-cluster-critical", "podAnnotations": {"example.com/a": "b"}},
-    "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
-                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}},
+    "networkPolicy": {"enabled": False, "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}},
     "monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
                    "tritonPodMonitor": {"enabled": True}},
 }
@@ -75,8 +76,13 @@ def test_lint(helm: Callable[..., Any], tmp_path: Path) -> None:
         assert "0 chart(s) failed" in result.stdout
 
 
-@pytest.mark.parametrize("values", [{}, CUSTOM, {"watchNamespaces": ["team-a", "team-b"]}],
-                         ids=["default", "custom", "two-namespaces"])
+NETWORK = {"networkPolicy": {"monitoringNamespaces": ["prometheus"], "clientNamespaces": ["gateway"],
+                             "clientCidrs": ["10.20.0.0/16"], "metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                             "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}}}
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM, {"watchNamespaces": ["team-a", "team-b"]}, NETWORK],
+                         ids=["default", "custom", "two-namespaces", "network"])
 def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl: Callable[..., Any],
                                               monitoring_crds: None, namespace: str, values: dict[str, Any],
                                               tmp_path: Path) -> None:
@@ -88,22 +94,38 @@ def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl:
     kubectl("create", "serviceaccount", "t-tailor-test", "-n", namespace)  # admission of the test pod looks it up
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert result.stdout.count("(server dry run)") == len(kinds)
-    if values is CUSTOM:
-        assert {"ClusterRole", "NetworkPolicy", "ServiceMonitor", "PodMonitor"} <= set(kinds)
-        assert kinds.count("Role") == 1  # cluster-wide: only the helm test pod's Role
-        deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
-        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    if values is CUSTOM:  # no NetworkPolicy for the operator, none made for the Triton pods
+        assert {"ClusterRole", "ServiceMonitor", "PodMonitor"} <= set(kinds) and "NetworkPolicy" not in kinds
+        assert "--no-ingress-policy" in args
+        assert kinds.count("Role") == 2  # cluster-wide: only the helm test pod's and the uninstall hook's
         assert "--all-namespaces" in args and "--image-pull-secret=registry" in args and "--verbose" in args
         assert "--job-service-account=compress-jobs" in args and "--serving-service-account=triton" in args
         node_reader = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole"
                            and d["metadata"]["name"].endswith("-nodes"))
         assert [rule["resources"] for rule in node_reader["rules"]] == [["nodes"]]  # no pods: countHeldGpus off
+    elif values is NETWORK:
+        (policy,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
+        assert policy["spec"]["ingress"][0]["from"][1:] == [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["prometheus"]}]}},
+            {"ipBlock": {"cidr": "10.0.0.0/8"}}]
+        assert policy["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+        assert {"--monitoring-namespace=prometheus", "--client-namespace=gateway", "--client-cidr=10.20.0.0/16"} <= set(
+            args)
     elif values:
         roles = [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"]
-        assert sorted(roles) == sorted([namespace, "team-a", "team-b"])  # the helm test's Role, then the operator's
+        # the helm test's Role and the operator's; the uninstall hook's, in the release namespace and where models are
+        assert sorted(roles) == sorted([namespace, "team-a", "team-b"] * 2)
         assert "ClusterRole" in kinds  # the node reader only
     else:
-        assert kinds.count("Role") == 2  # the operator's, in the release namespace, and the helm test's
+        assert kinds.count("Role") == 4  # the operator's, the helm test's, and the uninstall hook's two
+        # by default the operator's metrics answer only its namespace and the monitoring stack (the old chart
+        # made no NetworkPolicy: any pod could scrape them), and the Triton pods get one too
+        (policy,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
+        assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {}}, {"namespaceSelector": {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}]
+        assert "--monitoring-namespace=monitoring" in args and "--no-ingress-policy" not in args
 
 
 @pytest.mark.parametrize("minor", range(29, int(KUBE_VERSION.split(".")[1]) + 1))
@@ -240,13 +262,28 @@ def test_install_test_upgrade_uninstall_and_permissions(
     assert "Phase:          Succeeded" in helm("test", release, "-n", namespace, "--timeout", "120s").stdout, \
         operator.log_tail()
 
-    helm("uninstall", release, "-n", namespace, "--wait")
+    # a CompressedModel the operator holds with its finalizer ...
+    objects = client.CustomObjectsApi(api)
+    OBJECTS.create(objects, namespace, h100_example("kept", {}))
+    wait_for("the operator's finalizer", lambda: FINALIZER in ((cmodel(objects, namespace, "kept") or {}).get(
+        "metadata", {}).get("finalizers") or []), timeout_s=60)
+
+    helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "180s")
     wait_for("the operator's pods to go", lambda: not core.list_namespaced_pod(
         namespace, label_selector=operator_pods).items, timeout_s=60)
+    # ... is released by the pre-delete hook: it stays, and deleting it no longer waits for an operator that is
+    # gone (the old chart left the finalizer: the delete hung forever); the hook's objects are gone too
+    kept = cmodel(objects, namespace, "kept")
+    assert kept is not None and FINALIZER not in (kept["metadata"].get("finalizers") or [])
+    OBJECTS.delete(objects, namespace, "kept")
+    wait_for("the released object to go", lambda: cmodel(objects, namespace, "kept") is None, timeout_s=30)
+    assert not [j for j in client.BatchV1Api(api).list_namespaced_job(namespace).items
+                if j.metadata.name.endswith("-release")]
     rbac = client.RbacAuthorizationV1Api(api)
     assert not [r for r in rbac.list_cluster_role().items if r.metadata.name.startswith(f"{release}-tailor")]
     assert not rbac.list_namespaced_role(namespace).items
-    assert not [a for a in core.list_namespaced_service_account(namespace).items if "tailor" in a.metadata.name]
+    assert not [a for a in core.list_namespaced_service_account(namespace).items  # the chart's: the operator's
+                if (a.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "Helm"]  # own (tailor-job) stay
     # Helm leaves a chart's CRDs (and so every CompressedModel) in place
     client.ApiextensionsV1Api(api).read_custom_resource_definition("compressedmodels.tailor.dev")
 
@@ -273,7 +310,6 @@ def test_the_admission_policy_refuses_what_a_tenant_may_not_ask_for(
     that was let in."""
     from kubernetes.client.exceptions import ApiException
 
-    from cmodels import OBJECTS
     from corpus import patched
 
     objects = client.CustomObjectsApi(api)

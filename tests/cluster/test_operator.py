@@ -92,6 +92,11 @@ def test_lifecycle_sizes_pools_and_serves(api: client.ApiClient, namespace: str,
     selector = policy.spec.pod_selector.match_labels
     assert (selector["tailor.dev/model"], selector["tailor.dev/egress"]) == ("super", "none")
     assert deployment.spec.template.metadata.labels["tailor.dev/egress"] == "none"
+    # and only the namespace and the monitoring stack reach them
+    ingress = client.NetworkingV1Api(api).read_namespaced_network_policy("super-ingress", namespace).spec
+    assert ingress.policy_types == ["Ingress"] and ingress.pod_selector.match_labels == selector
+    assert [peer.namespace_selector.match_expressions[0].values if peer.namespace_selector else "namespace"
+            for peer in ingress.ingress[0]._from] == ["namespace", ["monitoring"]]
     compress = client.BatchV1Api(api).read_namespaced_job("super-g1-compress", namespace).spec.template.spec
     terms = compress.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
     assert {"NVIDIA-H100-80GB-HBM3", "nvidia-h100-80gb", "p5.48xlarge"} <= {

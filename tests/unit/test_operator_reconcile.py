@@ -33,7 +33,7 @@ from tailor.operator.decision import (
     Create,
     Decision,
 )
-from tailor.operator.deployment import speed_sidecar
+from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
 from tailor.operator.observe import job_finished
@@ -736,7 +736,9 @@ def test_removing_the_deployment_removes_the_triton_objects(kube: FakeKube) -> N
 
 def test_serving_pods_get_no_egress_and_other_pods_keep_theirs(kube: FakeKube) -> None:
     """One NetworkPolicy per model denies every egress (DNS too) to the pods that load a checkpoint and serve it:
-    the Triton revisions and the speed Job; the build Jobs, which download parents and text, are not selected."""
+    the Triton revisions and the speed Job; the build Jobs, which download parents and text, are not selected.
+    Another lets only the model's namespace and the monitoring stack in (the old operator made none: any pod of
+    any namespace could call a model and read its metrics)."""
     kube.apply(manifest(pools=[{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
                                {"name": "h100-b", "nodeSelector": H100, "concurrency": {"perNode": 8}}]))
     sent = []  # the policy comes with each pool's revision, created in one pass: it is sent once
@@ -746,9 +748,15 @@ def test_serving_pods_get_no_egress_and_other_pods_keep_theirs(kube: FakeKube) -
         if decision.phase == "Ready":
             break
         controllers(kube)
-    assert len(sent) == 1 and len(kube.names("Deployment")) == 2
-    assert kube.names("NetworkPolicy") == ["m-no-egress"]
+    assert len(sent) == 2 and len(kube.names("Deployment")) == 2
+    assert kube.names("NetworkPolicy") == ["m-ingress", "m-no-egress"]
+    ingress = kube.obj("NetworkPolicy", "m-ingress")["spec"]
+    assert ingress["policyTypes"] == ["Ingress"] and ingress["ingress"] == [{"from": [
+        {"podSelector": {}},  # the model's own namespace
+        {"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}]}]
     policy = kube.obj("NetworkPolicy", "m-no-egress")
+    assert ingress["podSelector"] == policy["spec"]["podSelector"]
     assert policy["spec"]["policyTypes"] == ["Egress"] and policy["spec"]["egress"] == []
     assert policy["metadata"]["ownerReferences"][0]["kind"] == "CompressedModel"
     selector = policy["spec"]["podSelector"]["matchLabels"]
@@ -759,6 +767,17 @@ def test_serving_pods_get_no_egress_and_other_pods_keep_theirs(kube: FakeKube) -
     pods = {name: kube.obj("Job", name)["spec"]["template"]["metadata"]["labels"] for name in kube.names("Job")}
     pods["m-h100-g1"] = kube.obj("Deployment", "m-h100-g1")["spec"]["template"]["metadata"]["labels"]
     assert {name for name, labels in pods.items() if selected(labels)} == {"m-h100-g1", "m-g1-speed-h100"}
+
+
+def test_the_clients_an_operator_is_told_of_may_reach_every_model() -> None:
+    allowed = ServingIngress(monitoring_namespaces=("prometheus",), client_namespaces=("gateway", "prometheus"),
+                             client_cidrs=("10.20.0.0/16",))
+    policy = ingress_policy({"metadata": {"name": "m", "namespace": "ns", "uid": "u"}}, allowed)
+    assert policy["metadata"]["name"] == "m-ingress" and policy["spec"]["ingress"] == [{"from": [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["gateway", "prometheus"]}]}},
+        {"ipBlock": {"cidr": "10.20.0.0/16"}}]}]
 
 
 def test_a_renamed_pool_serves_before_the_old_one_goes(kube: FakeKube) -> None:
