@@ -77,7 +77,8 @@ def pod_jobs(pods: list[dict[str, Any]]) -> frozenset[str]:
 
 
 def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
-    """The newest termination message per Job, from rank 0 of an Indexed Job."""
+    """The newest termination message per Job, from rank 0 of an Indexed Job; a container killed for memory says
+    so first, with its limit (its own message is then only its log's tail)."""
     found: dict[str, tuple[str, str]] = {}
     for pod in pods:
         meta = pod["metadata"]
@@ -85,7 +86,14 @@ def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
         if job is None or (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", "0") != "0":
             continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            message = terminated.get("message")
+            if terminated.get("reason") == "OOMKilled":
+                limit = next((((c.get("resources") or {}).get("limits") or {}).get("memory") for c in
+                              (pod.get("spec") or {}).get("containers") or [] if c.get("name") == container.get(
+                                  "name")), None)
+                message = (f"OOMKilled: container {container.get('name')} went over its memory limit {limit} (set "
+                           "spec.jobs.resources.limits.memory to give it more)" + (f"; {message}" if message else ""))
             created = meta.get("creationTimestamp", "")
             if message and (job not in found or created > found[job][0]):
                 found[job] = (created, str(message).strip())

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hostmemory import HostNeed, stage_need
+from tailor.compressor.hostmemory import HostNeed, compression_need
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
 from tailor.operator.api import CompressedModelSpec, quantity_value
 from tailor.operator.conditions import Reason, Refused
@@ -114,7 +114,7 @@ def host_need(fp: Footprint | None) -> HostNeed | None:
     footprint models device memory; the Job gets the per-GPU allowance) and when nothing was checked."""
     if fp is None or not fp.on_cpu:
         return None
-    return stage_need(1, fp.host_bytes_per_node())
+    return compression_need(fp.host_bytes_per_node())
 
 
 def summary(fp: Footprint) -> str:

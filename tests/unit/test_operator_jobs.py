@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.hostmemory import stage_need
+from tailor.compressor.hostmemory import compression_need
 from tailor.operator.jobs import JobSettings, gpu_terms, launcher, stage_args, stage_job
 from tailor.operator.placement import scheduling
 
@@ -65,11 +65,11 @@ def test_stage_pods_are_not_best_effort_are_limited_in_memory_and_multi_gpu_pods
     # 8 GPUs x 32 GiB assumed, x 1.25, and 64 GiB of /dev/shm
     assert pod["containers"][0]["resources"]["limits"] == {"memory": f"{(8 * 32 * 5 // 4 + 64) * 1024}Mi",
                                                            "nvidia.com/gpu": "8"}
-    footprint = stage_need(1, 6 * 2**30)  # a CPU run whose ranks hold 6 GiB at their peak stage
+    footprint = compression_need(4 * 2**30)  # a CPU run whose ranks hold 4 GiB at their peak stage, as modelled
     (cpu,) = stage_job(OWNER, "compress", 3, JobSettings(image="i", host=footprint), B200, "claim", "plan")
-    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {
-        "requests": {"cpu": "500m", "memory": "6144Mi", "nvidia.com/gpu": "1"},
-        "limits": {"memory": "7680Mi", "nvidia.com/gpu": "1"}}
+    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {  # 4 GiB and 3 undercounted, x 1.25
+        "requests": {"cpu": "500m", "memory": "7168Mi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "8960Mi", "nvidia.com/gpu": "1"}}
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"

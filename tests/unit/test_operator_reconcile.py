@@ -36,7 +36,7 @@ from tailor.operator.decision import (
 from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
-from tailor.operator.observe import job_finished
+from tailor.operator.observe import job_finished, termination_messages
 from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
 
 from fakekube import FakeKube, ready_nodes
@@ -470,6 +470,18 @@ def _compress(config: str, **fields: Any) -> str:
 def _packed(raw: bytes) -> str:
     """Bytes packed as a result packs its config (gzip, base64), whatever they are."""
     return base64.b64encode(gzip.compress(raw)).decode()
+
+
+def test_a_stage_killed_for_memory_says_so_with_its_limit() -> None:
+    """The Job's failure names the OOM kill and the limit, before the log tail its container left (the old
+    message was the log tail alone: a stage that simply stopped)."""
+    pod = {"metadata": {"labels": {"batch.kubernetes.io/job-name": "m-g1-compress"}, "creationTimestamp": "t"},
+           "spec": {"containers": [{"name": "compress", "resources": {"limits": {"memory": "4912Mi"}}}]},
+           "status": {"containerStatuses": [{"name": "compress", "state": {"terminated": {
+               "exitCode": 137, "reason": "OOMKilled", "message": "[13.3s] gkd: the parent sharded"}}}]}}
+    assert termination_messages([pod]) == {"m-g1-compress": (
+        "OOMKilled: container compress went over its memory limit 4912Mi (set spec.jobs.resources.limits.memory to "
+        "give it more); [13.3s] gkd: the parent sharded")}
 
 
 @pytest.mark.parametrize(("label", "stage", "message", "says"), [
