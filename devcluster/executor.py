@@ -43,9 +43,7 @@ and its Triton pods run the real tritonserver on this machine.
   completes); their status goes to initContainerStatuses.
 - **Container logs** (`kubelet.py`): `kubectl logs` (the API server's request to the node's kubelet endpoint,
   which the node's status announces) gets a container's output, with tailLines, limitBytes and follow.
-- **Memory limits** (`memorylimits.py`): a container with `resources.limits.memory` runs in a memory cgroup of
-  its own with that limit, and ends `OOMKilled` when the kernel kills it there for memory, as under a kubelet.
-- Not implemented: security contexts (processes run as this user), CPU limits, init containers that run
+- Not implemented: security contexts (processes run as this user), resource limits, init containers that run
   to completion, exec
   and tcp probes, liveness and startup probes, lifecycle hooks other than a preStop sleep, multi-node torchrun
   (an Indexed Job's ranks would all run here).
@@ -76,10 +74,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tailor.devcluster import kubelet, memorylimits, metrics, services, shim
+from tailor.devcluster import kubelet, metrics, services, shim
 from tailor.devcluster.log import log
 from tailor.devcluster.nodes import EXECUTOR_LABEL
-from tailor.operator.api import quantity_value
 
 PORTS_ANNOTATION = "devcluster.tailor.dev/ports"
 TERMINATION_LOG = "/dev/termination-log"
@@ -174,7 +171,6 @@ class Container:
     pid: int | None = None  # the shim's (started by this executor or adopted from a record)
     pid_start: int | None = None  # when it started, to tell it from a later process given the same pid
     exit_code: int | None = None
-    oom_killed: bool = False  # its last run's process was killed for memory in its cgroup (`memorylimits`)
     restarts: int = 0
     readiness: Readiness = field(default_factory=Readiness)
     started_at: str | None = None
@@ -193,14 +189,6 @@ class Container:
     @property
     def exit_file(self) -> Path:
         return self.folder / "exit-code"
-
-    def memory_limit(self) -> int | None:
-        limit = ((self.spec.get("resources") or {}).get("limits") or {}).get("memory")
-        return None if limit is None else int(quantity_value(str(limit)))
-
-    def cgroup(self, uid: str) -> str:
-        """The name of this run's memory cgroup."""
-        return f"{uid}-{self.spec['name']}-{self.restarts}"
 
     def running(self) -> bool:
         """Whether its shim still runs (reaped when this executor started it)."""
@@ -264,8 +252,7 @@ class LocalPod:
         _write_file(self.record, json.dumps({
             "uid": self.uid, "ports": self.ports,
             "containers": [{"name": c.spec["name"], "pid": c.pid, "pidStart": c.pid_start, "restarts": c.restarts,
-                            "startedAt": c.started_at, "finishedAt": c.finished_at, "exitCode": c.exit_code,
-                            "oomKilled": c.oom_killed}
+                            "startedAt": c.started_at, "finishedAt": c.finished_at, "exitCode": c.exit_code}
                            for c in self.containers]}, indent=1))
 
     def resume(self, record: dict[str, Any]) -> None:
@@ -276,7 +263,7 @@ class LocalPod:
             entry = saved[container.spec["name"]]
             container.pid, container.pid_start, container.restarts = entry["pid"], entry["pidStart"], entry["restarts"]
             container.started_at, container.finished_at = entry["startedAt"], entry["finishedAt"]
-            container.exit_code, container.oom_killed = entry["exitCode"], entry.get("oomKilled", False)
+            container.exit_code = entry["exitCode"]
             if container.exit_code is None and not container.running():
                 container.exit_code, container.finished_at = container.last_exit_code(), _now()
                 container.exited_monotonic = time.monotonic()
@@ -296,9 +283,6 @@ class Executor:
         self.proxy = services.ServiceProxy()
         self.terminating: dict[str, Draining] = {}  # by uid: the pods being deleted
         self.kubelet_port = 0  # the container-log endpoint's, announced in the nodes' status once it serves
-        self.limits = memorylimits.Limits()
-        if not self.limits.available:
-            log("memory limits are not enforced: no memory cgroup may be made below the executor's own")
 
     def container_log(self, namespace: str, pod: str, container: str) -> tuple[Path, Any] | None:
         """A container's log file and whether it runs, for the kubelet endpoint (called from its threads)."""
@@ -607,11 +591,6 @@ class Executor:
             raise FileNotFoundError(f"container {spec['name']}: {argv[0]}: no such command on PATH {env['PATH']}")
         container.message_file.unlink(missing_ok=True)
         container.exit_file.unlink(missing_ok=True)
-        container.oom_killed = False
-        if (limit := container.memory_limit()) is not None and (
-                procs := self.limits.create(container.cgroup(local.uid), limit)) is not None:
-            env[memorylimits.ENV] = str(procs)
-            log(f"{local.namespace}/{local.name}: {spec['name']} runs in a memory cgroup of {limit // 2**20} MiB")
         command = [sys.executable, "-I", "-m", "tailor.devcluster.shim", str(os.getpid()), str(local.grace_s),
                    str(container.exit_file), *argv]
         with container.log_file.open("ab") as sink:
@@ -631,12 +610,9 @@ class Executor:
             if container.exit_code is None and not container.running():
                 container.exit_code, container.finished_at = container.last_exit_code(), _now()
                 container.exited_monotonic = time.monotonic()
-                container.oom_killed = self.limits.oom_killed(container.cgroup(local.uid))
-                self.limits.remove(container.cgroup(local.uid))
                 container.readiness.reset()
                 local.save()
-                log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}"
-                    + (" (OOMKilled)" if container.oom_killed else ""))
+                log(f"{local.namespace}/{local.name}: {container.spec['name']} exited with {container.exit_code}")
         finished = self._finished(local)
         if finished and any(c.sidecar and c.exit_code is None for c in local.containers):
             self._terminate([local], local.grace_s, sidecars=True)  # the pod's work is done: its sidecars stop
@@ -694,8 +670,7 @@ class Executor:
             else:
                 state = {"terminated": {"exitCode": container.exit_code, "startedAt": container.started_at,
                                         "finishedAt": container.finished_at,
-                                        "reason": "OOMKilled" if container.oom_killed else
-                                        "Completed" if container.exit_code == 0 else "Error",
+                                        "reason": "Completed" if container.exit_code == 0 else "Error",
                                         **({"message": message} if (message := self._message(container)) else {})}}
             statuses[container.sidecar].append({
                 "name": spec["name"], "image": spec.get("image", ""), "imageID": "", "ready": container.readiness.ready,
@@ -741,8 +716,6 @@ class Executor:
                 _abandon(self.recovered.pop(uid))
             return
         self._terminate([local], local.grace_s if grace_s is None else grace_s)
-        for container in local.containers:
-            self.limits.remove(container.cgroup(local.uid))
         local.record.unlink(missing_ok=True)
         log(f"{local.namespace}/{local.name}: stopped")
 
@@ -753,8 +726,6 @@ class Executor:
         self._terminate(pods, STOP_ALL_S)  # each shim kills its tree after its own pod's grace period
         for local in pods:
             local.save()
-            for container in local.containers:
-                self.limits.remove(container.cgroup(local.uid))
         if pods:
             log(f"executor: stopped {len(pods)} pod(s)")
 

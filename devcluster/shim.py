@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-from tailor.devcluster import memorylimits
-
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 NOT_FOUND = 127  # the shell's exit code for a command it cannot run
@@ -130,11 +128,6 @@ def run(parent: int, grace_s: float, exit_file: Path, command: list[str]) -> int
     if os.getppid() != parent:  # the executor died before PR_SET_PDEATHSIG
         stop()
     code = exit_code(-signal.SIGTERM)
-    if (procs := os.environ.pop(memorylimits.ENV, None)) is not None:  # the container's memory cgroup: join it
-        try:
-            Path(procs).write_text(f"{os.getpid()}\n")
-        except OSError as error:
-            print(f"memory limit not enforced: cannot join {procs}: {error}", file=sys.stderr, flush=True)
     if not stopping:
         try:
             process = subprocess.Popen(command)

@@ -141,20 +141,3 @@ def test_kubectl_logs_reads_an_executor_pod_as_from_a_kubelet(api: client.ApiCli
     kwok = next(n for n in core.list_node(label_selector="type=kwok").items)
     assert [a.address for a in kwok.status.addresses if a.type == "InternalIP"] == ["127.0.0.1"]
 
-
-def test_a_container_over_its_memory_limit_is_oom_killed_as_under_a_kubelet(
-        api: client.ApiClient, namespace: str) -> None:
-    """A container allocating 256 MiB under a 128Mi limit ends OOMKilled (exit 137); the same under 512Mi
-    completes. The old executor ignored limits: both completed."""
-    core = client.CoreV1Api(api)
-    allocate = ["python", "-c", "import time; block = bytearray(256 * 2**20); block[::4096] = b'x' * 65536; "
-                "time.sleep(0.5)"]
-    for name, limit in (("small", "128Mi"), ("roomy", "512Mi")):
-        pod = _pod(name, allocate, "Never")
-        pod["spec"]["containers"][0]["resources"] = {"limits": {"memory": limit}}
-        core.create_namespaced_pod(namespace, pod)
-    wait_for("both pods to end", lambda: all(_status(core, namespace, name).phase in ("Succeeded", "Failed")
-                                             for name in ("small", "roomy")), 60)
-    (small,) = _status(core, namespace, "small").container_statuses
-    assert (small.state.terminated.reason, small.state.terminated.exit_code) == ("OOMKilled", 137)
-    assert _status(core, namespace, "roomy").phase == "Succeeded"

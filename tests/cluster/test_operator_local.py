@@ -97,10 +97,6 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     ports = json.loads(pod.metadata.annotations["devcluster.tailor.dev/ports"])
     answer = infer(f"127.0.0.1:{ports['http']}", "toy", "http", "ROMEO:", max_tokens=8)
     assert len(answer.ids) == 8 and answer.text
-    # it loaded and answered under the memory limit its footprint gave it, which the executor enforces
-    (triton,) = [c for c in pod.spec.containers if c.name == "triton"]
-    assert triton.resources.limits["memory"].endswith("Mi")
-    assert next(s for s in pod.status.container_statuses if s.name == "triton").restart_count == 0
 
     OBJECTS.delete(objects, namespace, "toy")  # deletionPolicy Delete: the artifacts claim goes with it
     wait_for("the model's pods to stop", lambda: not core.list_namespaced_pod(
