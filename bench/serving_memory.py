@@ -26,8 +26,8 @@ import psutil
 
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.hostmemory import GIB, serving_need
-from tailor.compressor.memory import RECIPES, KvDtype
+from tailor.compressor.hostmemory import serving_need
+from tailor.compressor.memory import GIB, RECIPES, KvDtype
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import triton_server

@@ -4,7 +4,7 @@ cannot take a node's memory from its neighbours (and the kubelet's eviction from
 - A serving replica on the `cpu` development profile holds its weights and its whole KV cache and state in RAM (the
   sizing's footprint, per "GPU" of its group) beside the server's runtime, measured here: tritonserver, Triton's
   Python stub and vLLM's CPU engine serving SmolLM2 peak at 2.3 GiB proportional set size (3.2 GiB resident) beyond
-  their weights and cache (`serving_need`).
+  their weights and cache (`serving_need`; `bench/serving_memory.py` measures it).
 - A replica on GPUs holds weights and cache on the devices; in RAM, each tensor-parallel worker's runtime (CUDA and
   torch libraries, pinned staging buffers, a tensor being loaded) and the server's own. Assumed, not measured:
   there is no GPU here.
@@ -23,8 +23,9 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-GIB = 2**30
-MIB = 2**20
+from tailor.compressor.hardware import MIB
+from tailor.compressor.memory import GIB
+
 LIMIT_HEADROOM = 1.25  # the limit over the request: allocator slack, a burst of requests' temporaries
 CPU_SERVING_RUNTIME_GIB = 3.0  # measured (module docstring), rounded up
 GPU_WORKER_RUNTIME_GIB = 8.0  # assumed: one tensor-parallel worker's RAM beside its GPU
@@ -53,10 +54,6 @@ class HostNeed(BaseModel):
         """The limit: the request with headroom, and the pod's memory-backed /dev/shm (its pages are charged to the
         pod as they are written)."""
         return f"{math.ceil((self.total * LIMIT_HEADROOM + shared_memory) / MIB)}Mi"
-
-    def describe(self) -> str:
-        terms = ", ".join(f"{name} {size / GIB:.1f} GiB" for name, size in self.parts.items())
-        return f"{self.total / GIB:.1f} GiB ({terms}{'; assumed' if self.assumed else ''})"
 
 
 def serving_need(on_cpu: bool, tensor_parallel: int, weights_per_gpu: int, cache_per_gpu: int) -> HostNeed:
