@@ -155,9 +155,9 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
     parallel.init(torch.device("cpu"))  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
     parent_lazy = LazyDecoder(parent_dir)
-    splits = load_splits(base, AutoTokenizer.from_pretrained(parent_dir))
+    splits = load_splits(base, AutoTokenizer.from_pretrained(parent_dir), work / "tokens")
     texts = texts_of(splits)
-    calibration = splits.train[:-(-base.bld_activation_tokens // base.data.seq_len)]
+    calibration = splits.train[:-(-base.bld_activation_tokens // base.data.seq_len)].long()
     inputs = capture_inputs(parent, calibration, base.bld.batch)
     influence = block_influence(parent, calibration[:16])
     drop_order = sorted(range(len(influence)), key=lambda i: influence[i])
@@ -272,7 +272,7 @@ def main() -> int:
              for name in args.out_of_domain}
     domains = [IN_DOMAIN, *other]
     parent = LazyDecoder(parent_dir)
-    in_domain = load_splits(base, tokenizer).evaluation
+    in_domain = load_splits(base, tokenizer, args.work / "tokens").evaluation
     parent_quality = {domain: quality(parent, parent, ids).perplexity
                       for domain, ids in {IN_DOMAIN: in_domain, **other}.items()}
     rows: list[dict[str, Any]] = []

@@ -27,7 +27,7 @@ from tailor.compressor.files import save_tensors
 from tailor.compressor.lazy import LazyDecoder, materialise
 from tailor.compressor.modeling import Branch, HybridLayer, Layer, build_branch, residual
 from tailor.compressor.puzzle import parallel, peaks
-from tailor.compressor.puzzle.activations import Progress, slot_file
+from tailor.compressor.puzzle.activations import Progress, chunk_files
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.library import Variant, init_variant
 from tailor.compressor.puzzle.plan import Training
@@ -74,30 +74,62 @@ def _outputs(branch: Branch, inputs: torch.Tensor) -> torch.Tensor:
     return torch.cat([residual(branch, rows) - rows for rows in torch.split(inputs, EVAL_ROWS)])
 
 
-@torch.no_grad()
-def _nmse(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """`normalised_mse` over every captured row, EVAL_ROWS rows at a time."""
-    error = scale = 0.0
-    for rows, wanted in zip(torch.split(inputs, EVAL_ROWS), torch.split(targets, EVAL_ROWS), strict=True):
-        error += float((residual(branch, rows) - rows - wanted).pow(2).sum())
-        scale += float(wanted.pow(2).sum())
-    return error / max(scale, 1e-12 * targets.numel())
+class Captured:
+    """A slot's captured training rows, read from the claim a chunk at a time, with the current branch's outputs
+    on them (the targets). One chunk is resident: the last one read, kept until another is needed, so a slot of
+    one chunk is read once for all its variants, and a pass over every chunk starts at the one held."""
+
+    def __init__(self, files: list[Path], current: Branch, device: torch.device) -> None:
+        self.files, self.current, self.device = files, current, device
+        self.held: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def chunk(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of chunk `index`."""
+        if self.held is None or self.held[0] != index:
+            self.held = None  # the old chunk goes before the next is read
+            inputs = load_activations(self.files[index], self.device)
+            self.held = (index, inputs, _outputs(self.current, inputs))
+        return self.held[1], self.held[2]
+
+    def order(self) -> list[int]:
+        """Every chunk once, from the one held."""
+        start = 0 if self.held is None else self.held[0]
+        return [(start + i) % len(self) for i in range(len(self))]
+
+    @torch.no_grad()
+    def nmse(self, branch: Branch) -> float:
+        """`normalised_mse` over every captured row, EVAL_ROWS rows at a time."""
+        error = scale = 0.0
+        count = 0
+        for index in self.order():
+            inputs, targets = self.chunk(index)
+            for rows, wanted in zip(torch.split(inputs, EVAL_ROWS), torch.split(targets, EVAL_ROWS), strict=True):
+                error += float((residual(branch, rows) - rows - wanted).pow(2).sum())
+                scale += float(wanted.pow(2).sum())
+            count += targets.numel()
+        return error / max(scale, 1e-12 * count)
 
 
-def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget: Training,
-            generator: torch.Generator) -> tuple[float, float]:
-    """Train `branch` in place on (inputs -> targets) for budget.tokens tokens; its normalised MSE before and
-    after. Gradients and the optimiser's state are freed before the final evaluation."""
+def distill(branch: Branch, captured: Captured, budget: Training, generator: torch.Generator) -> tuple[float, float]:
+    """Train `branch` in place on the captured rows (inputs -> targets) for budget.tokens tokens; its normalised
+    MSE before and after. The steps go through the chunks in turn (an equal share each, from the one held), each
+    step's rows drawn at random from its chunk. Gradients and the optimiser's state are freed before the final
+    evaluation."""
     assert branch is not None
-    initial = _nmse(branch, inputs, targets)
+    initial = captured.nmse(branch)
     params = [p for module in branch for p in module.parameters()]
     optimiser = torch.optim.AdamW(params, lr=budget.lr, weight_decay=0.0)
-    seq_len = inputs.shape[1]
+    order = captured.order()
+    seq_len = captured.chunk(order[0])[0].shape[1]
     steps = max(1, math.ceil(budget.tokens / (budget.batch * seq_len)))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s /
                                                                                                      steps)))
-    autocast = torch.autocast(inputs.device.type, dtype=torch.bfloat16)
-    for _ in range(steps):
+    autocast = torch.autocast(captured.device.type, dtype=torch.bfloat16)
+    for step in range(steps):
+        inputs, targets = captured.chunk(order[step * len(order) // steps])
         rows = torch.randint(0, inputs.shape[0], (budget.batch,), generator=generator)
         with autocast:
             loss = normalised_mse(residual(branch, inputs[rows]) - inputs[rows], targets[rows])
@@ -106,8 +138,8 @@ def distill(branch: Branch, inputs: torch.Tensor, targets: torch.Tensor, budget:
         optimiser.step()
         schedule.step()
     optimiser.zero_grad(set_to_none=True)
-    del optimiser, schedule, loss
-    return initial, _nmse(branch, inputs, targets)
+    del optimiser, schedule, loss, inputs, targets
+    return initial, captured.nmse(branch)
 
 
 def trained(variant: Variant) -> bool:
@@ -133,16 +165,15 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
     started, done = time.monotonic(), 0
     for slot_index in sorted({v.slot for v in todo}):
         slot = slots[slot_index]
-        inputs = load_activations(slot_file(activations, slot.index), "train", model.device)
         layer = model.layer(slot.layer)
         current = layer.branch(slot.kind)
-        targets = _outputs(current, inputs)
+        captured = Captured(chunk_files(activations, slot.index), current, model.device)
         for variant in (v for v in todo if v.slot == slot_index):
-            branch = init_variant(variant, current, inputs, model.settings, EVAL_ROWS)
+            branch = _initialised(variant, current, captured, model)
             generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
-            initial, loss = distill(branch, inputs, targets, budget, generator)
+            initial, loss = distill(branch, captured, budget, generator)
             if not loss <= initial:  # a variant training made worse (or NaN) is rebuilt as initialised
-                branch, loss = init_variant(variant, current, inputs, model.settings, EVAL_ROWS), initial
+                branch, loss = _initialised(variant, current, captured, model), initial
             save_branch(checkpoint_file(folder, variant), branch, loss)
             del branch
             peaks.release_freed_memory()
@@ -150,10 +181,15 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
             eta = (time.monotonic() - started) / done * (len(todo) - done)
             progress(f"bld: {done}/{len(todo)} slot {slot.index} ({slot.kind}, layer {slot.layer}) "
                      f"{variant.label}: nmse {loss:.4f}, eta {eta:.0f}s")
-        del layer, current, inputs, targets
+        del layer, current, captured
     parallel.barrier()
     return {f"{v.slot}:{v.label}": _saved_loss(checkpoint_file(folder, v))
             for options in variants for v in options if trained(v)}
+
+
+def _initialised(variant: Variant, current: Branch, captured: Captured, model: LazyDecoder) -> Branch:
+    """A new branch for `variant`, initialised on the first chunk's rows (`library.init_variant`)."""
+    return init_variant(variant, current, captured.chunk(0)[0], model.settings, EVAL_ROWS)
 
 
 def variant_branch(model: LazyDecoder, layer: Layer | HybridLayer, variant: Variant, folder: Path) -> Branch:

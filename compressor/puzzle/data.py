@@ -23,6 +23,7 @@ from typing import BinaryIO
 import torch
 
 from tailor.compressor import sources
+from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.plan import Corpus, Plan
 
 JSONL = ".jsonl"
@@ -38,8 +39,8 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Splits:
-    train: torch.Tensor  # [sequences, seq_len] token ids
-    scoring: torch.Tensor
+    train: torch.Tensor  # [sequences, seq_len] int32 token ids, memory-mapped: take rows with `tokens.take`
+    scoring: torch.Tensor  # [sequences, seq_len] long, resident (held-out budgets are small)
     evaluation: torch.Tensor
 
     def describe(self) -> dict[str, int]:
@@ -235,39 +236,73 @@ def _visit_order(count: int, windows: int) -> Iterator[int]:
     yield from (i * step % count for i in range(count))
 
 
-def token_windows(texts: list[Document], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
-    """`seq_len`-token windows, up to `limit` tokens, over the documents taken in turn: a window's worth of
-    tokens from each document, then the next from each, so a budget smaller than the corpus still draws on every
-    document, not only the first (short documents run together, as in one stream). A document is opened when
-    first reached and read only as far as it is taken (`_visit_order` says which come first)."""
+def windows(texts: list[Document], tokenizer: object, seq_len: int, limit: int) -> Iterator[list[int]]:
+    """`seq_len`-token windows, up to `limit` tokens, as they are cut, over the documents taken in turn: a
+    window's worth of tokens from each document, then the next from each, so a budget smaller than the corpus
+    still draws on every document, not only the first (short documents run together, as in one stream). A
+    document is opened when first reached and read only as far as it is taken (`_visit_order` says which come
+    first); what is held at once is less than two windows and each open document's reading position."""
+    wanted = limit // seq_len
     ids: list[int] = []
+    given = 0
 
     def take(stream: Iterator[list[int]]) -> bool:
         piece = next(stream, None)
         ids.extend(piece or [])
         return piece is not None
 
+    def ready() -> Iterator[list[int]]:
+        nonlocal ids, given
+        while len(ids) >= seq_len and given < wanted:
+            window, ids = ids[:seq_len], ids[seq_len:]
+            given += 1
+            yield window
+
     alive = []
-    for index in _visit_order(len(texts), max(1, limit // seq_len)):
-        if len(ids) >= limit:
+    for index in _visit_order(len(texts), max(1, wanted)):
+        if given * seq_len + len(ids) >= limit:
             break
         stream = _pieces(texts[index], tokenizer, seq_len)
         if take(stream):
             alive.append(stream)
-    while alive and len(ids) < limit:
-        alive = [stream for stream in alive if len(ids) < limit and take(stream)]
-    usable = min(len(ids), limit) // seq_len * seq_len
-    return torch.tensor(ids[:usable], dtype=torch.long).view(-1, seq_len)
+        yield from ready()
+    while alive and given * seq_len + len(ids) < limit:
+        still = []
+        for stream in alive:
+            if given * seq_len + len(ids) < limit and take(stream):
+                still.append(stream)
+            yield from ready()
+        alive = still
 
 
-def load_splits(plan: Plan, tokenizer: object) -> Splits:
+def token_windows(texts: list[Document], tokenizer: object, seq_len: int, limit: int) -> torch.Tensor:
+    """`windows` as one [sequences, seq_len] tensor: for budgets that are held whole anyway (evaluation,
+    calibration); compression writes its training windows to disk instead (`tokens.write`)."""
+    rows = list(windows(texts, tokenizer, seq_len, limit))
+    return torch.tensor(rows, dtype=torch.long).view(len(rows), seq_len)
+
+
+def load_splits(plan: Plan, tokenizer: object, folder: Path) -> Splits:
+    """The plan's training and held-out windows: cut once into `folder` (rank 0 tokenizes as it writes; the
+    others wait, and learn of a bad corpus from it), then memory-mapped. Windows already there for the same
+    corpus and budgets are reused."""
     data = plan.data
-    train_texts, heldout_texts = corpus_texts(data)
     seq = data.seq_len
     train_need = max(plan.bld.tokens, plan.gkd.tokens)
     heldout_need = plan.scoring_tokens + plan.eval_tokens
-    train = token_windows(train_texts, tokenizer, seq, train_need)
-    heldout = token_windows(heldout_texts, tokenizer, seq, heldout_need + seq)
+    made_by = {"data": data.model_dump(mode="json"), "train_tokens": train_need, "heldout_tokens": heldout_need + seq}
+    failure = ""
+    if parallel.is_main() and tokens.made_by(folder) != made_by:
+        try:
+            train_texts, heldout_texts = corpus_texts(data)
+            tokens.write(folder, {"train": windows(train_texts, tokenizer, seq, train_need),
+                                  "heldout": windows(heldout_texts, tokenizer, seq, heldout_need + seq)}, seq, made_by)
+        except DataError as error:
+            failure = str(error)
+    failure = parallel.broadcast(failure)
+    if failure:
+        raise DataError(failure)
+    train, heldout = tokens.read(folder, "train"), tokens.read(folder, "heldout").long()
     scoring_rows = -(-plan.scoring_tokens // seq)
     if train.numel() < seq * max(plan.bld.batch, plan.gkd.batch):
         raise DataError(f"data.text: {data.text} gives {train.numel()} training tokens; one training batch "

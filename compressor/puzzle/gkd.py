@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from tailor.compressor.checkpoint import read_config
 from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
 from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle import parallel
+from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.footprint import WORKING_SHARE, block_params, teacher_is_sharded
 from tailor.compressor.puzzle.plan import Training
@@ -97,7 +97,7 @@ class StreamedTeacher:
         firsts = {next(s.index for s in slots if s.layer == layer) for layer in range(1, len(parent.arch.blocks))}
         kept: list[torch.Tensor] = []
         with torch.no_grad():
-            x = parent.embedding()(self.train[rows])
+            x = parent.embedding()(tokens.take(self.train, rows, parent.device))
             final = sweep(parent, x, lambda slot, state: kept.append(state.to(torch.bfloat16))
                           if slot.index in firsts else None)
         self.states = [*kept, final]  # after layer 0, 1, ..., the last
@@ -152,7 +152,8 @@ def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tenso
 def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: Path, train: torch.Tensor,
             budget: Training, seed: int, progress: Progress, budget_bytes: float | None = None,
             checkpoint_seconds: float = 1800.0) -> list[float]:
-    """Train the child in `child_folder` into `out` (rank 0 writes it); the loss of every step. `budget_bytes`:
+    """Train the child in `child_folder` into `out` (rank 0 writes it) on windows of `train` (token ids, may be
+    memory-mapped: a step's rows are read as it takes them); the loss of every step. `budget_bytes`:
     the memory per rank the teacher's states may take a quarter of. Every `checkpoint_seconds` the training
     state is saved beside `out` (`resume.Checkpoints`), and a run of the same GKD resumes from it; the caller
     clears it (`Checkpoints.clear`) once the child is recorded."""
@@ -188,9 +189,10 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     child.train()
     started = time.monotonic()
     for step, rows in enumerate(mine[done:], done + 1):
-        states, logits = teacher.targets(rows, train[rows])
+        ids = tokens.take(train, rows, parent.device)
+        states, logits = teacher.targets(rows, ids)
         with autocast:
-            loss = gkd_loss(child, train[rows], states, logits, world / per_step)
+            loss = gkd_loss(child, ids, states, logits, world / per_step)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)

