@@ -56,7 +56,7 @@ from tailor.compressor.puzzle.evaluate import Quality, decode_tokens_per_second,
 from tailor.compressor.puzzle.footprint import WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.options import is_hybrid
-from tailor.compressor.puzzle.plan import CostSource, Plan, Target
+from tailor.compressor.puzzle.plan import CostSource, FrozenDtype, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
 from tailor.compressor.puzzle.resume import Checkpoints
@@ -116,7 +116,7 @@ def resolve_parent(name: str) -> Path:
 
 
 LIBRARY_FIELDS = {"parent", "data", "library", "bld", "bld_activation_tokens", "activation_chunk_tokens",
-                  "scoring_tokens", "seed"}
+                  "scoring_tokens", "frozen_dtype", "seed"}
 
 
 def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
@@ -272,7 +272,7 @@ class Round:
                 return summary, candidates
             assert timer is not None and whole is not None
             with self._stage("speed-check"):
-                child = LazyDecoder(self.folder / "assembled", device=parent.device).load()
+                child = LazyDecoder(self.folder / "assembled", parent.dtype, parent.device).load()
                 measured = measured_speedup(whole, child, pricer.decode)
                 del child
             summary["measured_speedup"] = measured
@@ -315,11 +315,16 @@ def compress(plan: Plan, out: Path) -> Report | None:
         device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
     log = Log()
     torch.manual_seed(plan.seed)
+    plan = plan.model_copy(update={"frozen_dtype": plan.frozen_dtype.resolve(device.type == "cuda")})
+    frozen = torch.bfloat16 if plan.frozen_dtype is FrozenDtype.BFLOAT16 else torch.float32
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # what trains is float32: its matmuls on TF32 tensor cores
+        torch.backends.cudnn.allow_tf32 = True
     parent_dir = resolve_parent(plan.parent) if parallel.is_main() else None
     parent_dir = Path(parallel.broadcast(str(parent_dir)))  # rank 0 fetches a built-in parent once
     stages = out / "stages"
     with log.stage("load"):
-        parent = LazyDecoder(parent_dir, device=device)
+        parent = LazyDecoder(parent_dir, frozen, device)
         _check_manifest(stages, plan, parent_dir, log)
         plan = plan.model_copy(update={"target": plan.target.for_parent(parent.arch.total_params,
                                                                         parent.arch.active_param_count)})
@@ -349,7 +354,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         variants = step.library(current, parent)
         if (finished / "config.json").exists() and (folder / "round.json").exists():
             log(f"round {number}: resuming from {finished}")
-            current = LazyDecoder(finished, device=device)
+            current = LazyDecoder(finished, frozen, device)
             rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
             continue
         with log.stage(f"round{number}.capture"):
@@ -378,7 +383,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
             shutil.rmtree(folder / "activations")
             Checkpoints.clear(folder / gkd.CHECKPOINT_FOLDER)
         parallel.barrier()
-        current = LazyDecoder(finished, device=device)
+        current = LazyDecoder(finished, frozen, device)
         rounds.append(RoundSummary.model_validate(_read_json(folder / "round.json")))
     if not parallel.is_main():
         log.save_peaks(out)

@@ -43,6 +43,23 @@ class CostSource(StrEnum):
     AUTO = "auto"  # measured when this machine is the target (the `cpu` profile on a CPU), else roofline
 
 
+class FrozenDtype(StrEnum):
+    """What the models that never train, and the residual streams between them, are held in."""
+
+    AUTO = "auto"  # bfloat16 on GPUs, float32 on a CPU (whose BF16 matmuls are no faster)
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+    def resolve(self, on_gpu: bool) -> FrozenDtype:
+        if self is FrozenDtype.AUTO:
+            return FrozenDtype.BFLOAT16 if on_gpu else FrozenDtype.FLOAT32
+        return self
+
+    def bytes(self, on_gpu: bool) -> int:
+        """Bytes per element."""
+        return 2 if self.resolve(on_gpu) is FrozenDtype.BFLOAT16 else 4
+
+
 class Target(_Spec):
     """Hardware and the limits the child must meet. Ratios are relative to the parent."""
 
@@ -210,6 +227,12 @@ class Plan(_Spec):
                                                  "to it, and a whole model is loaded (to time its decoding) only "
                                                  "when it fits; the dry run checks every stage against it. Default: "
                                                  "no limit.")
+    frozen_dtype: FrozenDtype = Field(FrozenDtype.AUTO,
+                                      description="What the models that never train are held in (the parent and "
+                                                  "current model streamed through capture, BLD's targets, scoring "
+                                                  "and evaluation; GKD's teacher), and the residual streams "
+                                                  "captured from them. What trains is float32 (BF16 autocast). "
+                                                  "auto: bfloat16 on GPUs, float32 on a CPU.")
     seed: int = Field(0, ge=0, le=2**31 - 1)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")

@@ -66,3 +66,21 @@ def test_the_report_names_the_hybrid_parts(hybrid_run: Path) -> None:
         type(first).__name__.lower()
     assert report["blocks"][0]["mixer"] == label
     assert f"| 0 | {label} | - |" in (hybrid_run / "report.md").read_text()
+
+
+def test_a_gpu_runs_dtypes_and_chunked_activations_give_a_child_of_like_quality(
+        hybrid_run: Path, tiny_hybrid: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a GPU run holds in BF16 (the parent, the current model, the teacher and the captured streams) held in
+    BF16 here, with BLD's rows captured and trained on in 4 chunks: the same pipeline completes with a child
+    close to the float32, one-chunk run's."""
+    plan = tiny_plan(tiny_hybrid, target={"gpu": "H100", "precision": "fp8", "throughput": None, "params": 0.97,
+                                          "context": 4096, "batch": 8, "costs": "roofline"},
+                     library=LIBRARY, engine="tailor-python", measureContext=64, frozenDtype="bfloat16",
+                     activationChunkTokens=128)
+    compress(Plan.model_validate(plan), tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    reference = json.loads((hybrid_run / "report.json").read_text())
+    assert report["plan"]["frozenDtype"] == "bfloat16" and reference["plan"]["frozenDtype"] == "float32"
+    assert "4 chunk(s) of 2 rows" in capsys.readouterr().err
+    assert report["child"]["params"] <= 0.97 * report["parent"]["params"]
+    assert report["child"]["quality"]["kl"] < 1.5 * reference["child"]["quality"]["kl"]
