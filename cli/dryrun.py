@@ -95,8 +95,10 @@ def render(fp: Footprint, arch: Architecture, source: str) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                       for row in rows)
+    files = ", ".join(f"{name} {size / GIB:,.0f}" for name, size in fp.stage_files.items())
     notes = "\n".join(f"note: {text}" for text in fp.assumptions)
-    return f"{head}{table}\n{notes}"
+    total = sum(fp.stage_files.values()) / GIB
+    return f"{head}{table}\nstage files on the claim: {total:,.0f} GiB at most ({files})\n{notes}"
 
 
 def dry_run(args: argparse.Namespace) -> int:

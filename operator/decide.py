@@ -194,7 +194,8 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
         if job is None:
             fits = preflight.check_fits(spec, plan) if stage == "compress" else None  # before the claim and Job
             capacity = claim_capacity(p, spec) if stage == "compress" else None  # checked before a claim is made
-            room = preflight.check_claim(spec, claim_of(p, spec), capacity, p.world.claim is None) if capacity else None
+            room = preflight.check_claim(spec, claim_of(p, spec), capacity, p.world.claim is None, fits) \
+                if capacity else None
             if (waiting := claim_ready(p, spec)) is not None:
                 progress.message = waiting
                 return False

@@ -68,35 +68,41 @@ class ClaimNeed(BaseModel):
     gkd_checkpoints: int = Field(description="GKD's fp32 weights and two AdamW moments, twice while one is saved")
     child: int = Field(description="the final child, BF16")
     quantized: int = Field(description="the quantized child, at most 1 byte per parameter")
+    stage_files: int = Field(description="the stages' token windows, captured streams and trained variants "
+                                         "(`Footprint.stage_files`; 0 where no footprint was worked out)")
 
     @property
     def total(self) -> int:
-        return self.parent + self.rounds + self.gkd_checkpoints + self.child + self.quantized
+        return self.parent + self.rounds + self.gkd_checkpoints + self.child + self.quantized + self.stage_files
 
     def describe(self) -> str:
         parts = {"parent download": self.parent, "round children": self.rounds,
-                 "GKD checkpoints": self.gkd_checkpoints, "child": self.child, "quantized child": self.quantized}
+                 "GKD checkpoints": self.gkd_checkpoints, "child": self.child, "quantized child": self.quantized,
+                 "stage files": self.stage_files}
         return ", ".join(f"{name} {size / 1e9:,.0f} GB" for name, size in parts.items() if size)
 
 
-def claim_need(spec: CompressedModelSpec, arch: Architecture) -> ClaimNeed:
-    """The most a build of `arch` writes: its child is taken at maxTotalParamsBillions, else the parent's size."""
+def claim_need(spec: CompressedModelSpec, arch: Architecture, fp: Footprint | None = None) -> ClaimNeed:
+    """The most a build of `arch` writes: its child is taken at maxTotalParamsBillions, else the parent's size;
+    the stages' own files from the compression's footprint `fp`, where there is one."""
     parent = arch.total_params
     cap = spec.compression.max_total_params_billions
     child = min(parent, int(cap * 1e9)) if cap is not None else parent
     return ClaimNeed(parent=2 * parent if spec.source.uri.startswith("hf://") else 0,
                      rounds=spec.compression.rounds * 2 * 2 * child, gkd_checkpoints=2 * 12 * child,
-                     child=2 * child, quantized=0 if spec.quantization.precision == "none" else child)
+                     child=2 * child, quantized=0 if spec.quantization.precision == "none" else child,
+                     stage_files=0 if fp is None else sum(fp.stage_files.values()))
 
 
-def check_claim(spec: CompressedModelSpec, claim: str, capacity: str, to_create: bool) -> ClaimNeed | None:
+def check_claim(spec: CompressedModelSpec, claim: str, capacity: str, to_create: bool,
+                fp: Footprint | None = None) -> ClaimNeed | None:
     """Refused (ClaimTooSmall) when the claim's `capacity` (a quantity; `to_create`: the size Tailor's claim would
-    get) cannot hold what the build writes; None when the parent's config is not known here: nothing is
-    checked."""
+    get) cannot hold what the build writes (the stages' files from the compression's footprint `fp`); None when
+    the parent's config is not known here: nothing is checked."""
     name = builtin_parent(spec.source.uri)
     if name is None:
         return None
-    need, holds = claim_need(spec, _architecture(name)), quantity_value(capacity)
+    need, holds = claim_need(spec, _architecture(name), fp), quantity_value(capacity)
     if need.total > holds:
         fix = ("set spec.storage.size" if to_create else "expand the claim (if its StorageClass allows) or use "
                "another in spec.storage.existingClaim" if spec.storage.existing_claim else "expand the claim (if "

@@ -25,11 +25,11 @@ from tailor.compressor.files import save_tensors
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import HybridLayer, Layer, Slot
 from tailor.compressor.puzzle import parallel, tokens
+from tailor.compressor.puzzle.footprint import LAYER_TOKENS
 
 Progress = Callable[[str], None]
 FINAL = "final.safetensors"
 STREAM = "stream"  # the one tensor of every file: [sequences, seq_len, hidden]
-ROWS = 8  # sequences a layer runs at once
 
 
 def slot_folder(folder: Path, slot: int) -> Path:
@@ -56,7 +56,8 @@ def _save(path: Path, stream: torch.Tensor) -> None:
 
 @torch.no_grad()
 def _run(layer: Layer | HybridLayer, slot: Slot, x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([layer.run_branch(slot.kind, x[i:i + ROWS]) for i in range(0, x.shape[0], ROWS)])
+    rows = max(1, LAYER_TOKENS // x.shape[1])  # whole sequences, at least one
+    return torch.cat([layer.run_branch(slot.kind, x[i:i + rows]) for i in range(0, x.shape[0], rows)])
 
 
 def capture(model: LazyDecoder, train: torch.Tensor, rows: int, scoring: torch.Tensor, folder: Path,

@@ -5,9 +5,9 @@ normalised MSE between its branch output and the current branch's, ||o_child - o
 ||o_parent||^2. Attention and FFN slots are separate (decoupled BLD: (m + n) * L trainings instead of
 m * n * L), so variants train independently: with torch.distributed (`torchrun`, gloo on CPU, nccl on
 GPUs) the slots are shared out by their number of variants, and a rank holds only the slot it trains:
-the current branch (read from the checkpoint), its captured inputs (`activations`) and one variant at a
-time, saved as soon as it is trained. Each trained variant is saved on its own, so a killed job resumes
-where it stopped.
+the current branch (read from the checkpoint), one chunk of its captured inputs and their targets
+(`Captured`, read from the claim a chunk at a time) and one variant at a time, saved as soon as it is
+trained. Each trained variant is saved on its own, so a killed job resumes where it stopped.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ a source of its own when the corpus states one (e.g. another domain), else every
 the training source, whole, so no passage of a held-out document is ever trained on. Windows are drawn from
 every document in turn. The held-out text feeds the replace-1-block scores first and the report's evaluation
 after, on disjoint tokens, so the search is not graded on what it chose by; quantization and the quality gate
-evaluate on it too (`corpus_texts`).
+evaluate on it too (`corpus_texts`). Compression cuts its windows once into files on the claim and memory-maps
+them (`load_splits`, `tokens`): no token budget is ever held in memory.
 """
 
 from __future__ import annotations

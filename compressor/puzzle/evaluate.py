@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle.footprint import CHUNK_TOKENS
-from tailor.compressor.puzzle.scoring import ROWS, kl_and_loss
+from tailor.compressor.puzzle.footprint import CHUNK_TOKENS, LAYER_TOKENS
+from tailor.compressor.puzzle.scoring import kl_and_loss
 
 
 class Quality(BaseModel):
@@ -35,7 +35,8 @@ def final_and_head(model: Decoder | LazyDecoder, ids: torch.Tensor) -> tuple[tor
     """The residual stream after the last slot on `ids` and the module that turns it into logits."""
     if isinstance(model, LazyDecoder):
         return sweep(model, model.embedding()(ids)), model.head()
-    final = torch.cat([model.run_slots(model.embed(ids[i:i + ROWS])) for i in range(0, ids.shape[0], ROWS)])
+    rows = max(1, LAYER_TOKENS // ids.shape[1])  # whole sequences, at least one
+    final = torch.cat([model.run_slots(model.embed(ids[i:i + rows])) for i in range(0, ids.shape[0], rows)])
     return final, torch.nn.Sequential(model.final_norm, model.lm_head)
 
 

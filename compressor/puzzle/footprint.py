@@ -1,11 +1,14 @@
 """What each stage of `tailor compress` needs per rank: peak memory and an estimated time.
 
-A model of the pipeline as it runs in bounded memory per rank: frozen weights are streamed one block at a time,
-residual streams are float32, and the stages that all ranks share split their work over them. Each term is a
+A model of the pipeline as it runs in bounded memory per rank: frozen weights are streamed one block at a time in
+the plan's `frozenDtype` (BF16 on GPUs, float32 on a CPU), as are the residual streams captured from them; token
+windows and captured streams are read from the claim a chunk at a time; the stages that all ranks share split
+their work over them. Each term is a
 small named function so that it can follow the pipeline when that changes. `tailor compress --dry-run` prints
 it; the operator checks it before it creates the compression Job. No torch here: the operator imports it.
 
-The child is only known after the search, so the terms that depend on it use an upper bound (`child_share`).
+The child is only known after the search, so the terms that depend on it use an upper bound (`child_bounds`).
+`Footprint.stage_files` is what the stages keep on the claim.
 Times are estimated from FLOPs at an assumed model FLOPs utilisation (`MFU`), not measured.
 """
 
@@ -26,23 +29,29 @@ GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
 TEACHER_SHARE = 0.75  # of a rank's budget: GKD shards the parent beside the child when both shards fit it
 WORKING_SHARE = 0.25  # of a rank's budget: scoring's variant streams, a streamed teacher's layer states
-MFU = 0.35  # assumption: the share of the profile's dense BF16 peak the stages reach
-LOGITS_CHUNK = 8  # sequences whose logits (and layer inputs) are held at once when scoring
+MFU = 0.35  # assumption: the share of the profile's dense peak the stages reach
+TF32_SHARE = 0.5  # a float32 matmul on a GPU runs on TF32 tensor cores at half the BF16 peak (A100, H100, B200)
+LAYER_TOKENS = 1024  # tokens (whole sequences, at least one) a layer runs at once when capturing and scoring
+HEAD_TOKENS = 1024  # tokens (whole sequences, at least one) whose logits scoring holds at once
 CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held when evaluating
-FROZEN_BYTES = 4  # per frozen (streamed) parameter: the pipeline reads every model in float32, on a GPU too
 STORED_BYTES = 2  # per parameter of the embedding and LM head, kept as checkpoints store them (BF16)
 HEAD_SLICE = 8192  # vocabulary rows of a kept-as-stored LM head widened to float32 at a time (`lazy.StoredHead`)
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache once BLD has trained on a CPU
 TRAIN_BYTES = 18  # per trained parameter: float32 weight, its gradient, AdamW's two moments, a BF16 autocast copy
+SHARDED_TRAIN_BYTES = 16  # per parameter of GKD's sharded child: float32 weight, gradient, AdamW's two moments
+KL_LOGITS = 7  # [rows, seq, vocab] float32 tensors alive at GKD's loss (measured on the CPU: logits, both
+               # log-softmaxes, their gradients)
 EVAL_ROWS = 8  # captured rows a BLD no-grad pass runs at once (`bld.EVAL_ROWS`)
 MAMBA_CHUNK = 256  # tokens per quadratic Mamba-2 scan (`mamba.CHUNK`)
-ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's BF16 peak, not measured",
+ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's dense peak (BF16 for what trains "
+               f"under autocast and for BF16 frozen models; float32 on a GPU at {TF32_SHARE:g}x that, TF32), not "
+               "measured",
                f"each rank's runtime overhead is assumed: {GPU_RUNTIME_GIB:g} GiB on a GPU, {CPU_RUNTIME_GIB:g} GiB "
                "on a CPU",
-               "the child's parameters are bounded by the target's tightest share of the parent's; the child is "
-               "only known after the search")
+               "the child's parameters are bounded by the target's params and activeParams (the parent's where it "
+               "sets none); the child is only known after the search")
 
 StageName = Literal["capture", "bld", "scoring", "assembly", "gkd", "evaluation"]
 Ranks = Literal["all", "rank 0"]
@@ -75,6 +84,9 @@ class Footprint(BaseModel):
     stages: list[StageNeed]
     fitting_nodes: int | None = Field(description="The fewest nodes (same GPUs per node) on which every stage fits; "
                                                   f"None when none up to {MAX_NODES} does.")
+    stage_files: dict[str, int] = Field(description="What the stages keep on the claim at most, by kind, in bytes "
+                                                    "(the children and GKD's checkpoint besides: "
+                                                    "`operator/preflight.ClaimNeed`).")
     assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
 
     @property
@@ -128,11 +140,6 @@ def runtime_bytes(gpu: GpuProfile) -> int:
     return round((CPU_RUNTIME_GIB if gpu.family == "cpu" else GPU_RUNTIME_GIB) * GIB)
 
 
-def activation_bytes(arch: Architecture, tokens: int) -> int:
-    """Residual streams of `tokens` tokens, in float32."""
-    return tokens * arch.hidden_size * 4
-
-
 def training_bytes_per_token(part: Part, hidden: int, seq: int) -> int:
     """What one BF16-autocast BLD step saves for backward, per token (measured with saved-tensor hooks on the
     CPU, rounded up): a Mamba-2 scan's per-chunk states grow with its chunk, a MoE with its top-k experts."""
@@ -179,12 +186,20 @@ def logits_bytes(arch: Architecture, sequences: int, seq_len: int) -> int:
     return sequences * seq_len * arch.vocab_size * 4
 
 
-def child_share(arch: Architecture, plan: Plan) -> float:
-    """An upper bound on the child's size as a share of the parent's: the tightest of the target's parameter
-    share, active-parameter share and 1 / throughput (the child is only known after the search)."""
+def child_bounds(arch: Architecture, plan: Plan) -> tuple[float, float]:
+    """Upper bounds on the child's parameters and active parameters (it is only known after the search): the
+    target's params and activeParams shares (absolute caps turned into shares), the parent's where it sets
+    none. A throughput or latency target bounds no parameter count: the published 2x child keeps 62% of them."""
     target = plan.target.for_parent(arch.total_params, arch.active_param_count)
-    shares = [target.params, target.active_params, None if target.throughput is None else 1 / target.throughput]
-    return min([1.0, *(share for share in shares if share is not None)])
+    total = arch.total_params * min(1.0, target.params or 1.0)
+    return total, min(total, arch.active_param_count * min(1.0, target.active_params or 1.0))
+
+
+def saved_bytes_per_token(arch: Architecture, seq: int) -> int:
+    """What a training step of the whole model saves for backward, per token: every part's (the parent's; the
+    child's parts are no larger)."""
+    return sum(training_bytes_per_token(part, arch.hidden_size, seq) for block in arch.blocks
+               for part in block.parts())
 
 
 def variants_per_slot(arch: Architecture, plan: Plan) -> list[tuple[int, Part, int]]:
@@ -203,7 +218,8 @@ class _Model:
 
     def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile, budget: int) -> None:
         self.arch, self.plan, self.gpu, self.budget = arch, plan, gpu, budget
-        self.fb = FROZEN_BYTES
+        on_gpu = gpu.family != "cpu"
+        self.fb = plan.frozen_dtype.bytes(on_gpu)  # frozen weights and residual streams
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
         self.block_max = max(block_params(arch))
         self.lmax = self.block_max * self.fb
@@ -212,30 +228,45 @@ class _Model:
         self.ends = vocab_bytes(arch, STORED_BYTES) * (1 if arch.tie_word_embeddings else 2)
         self.slots = variants_per_slot(arch, plan)
         self.variants = sum(count for _, _, count in self.slots)
-        share = child_share(arch, plan)
-        self.child, self.child_active = arch.total_params * share, arch.active_param_count * share
-        self.flops_per_s = gpu.compute_tflops(Precision.BF16) * 1e12 * MFU
+        self.child, self.child_active = child_bounds(arch, plan)
+        self.bld_rows = math.ceil(plan.bld_activation_tokens / self.seq)  # whole sequences, as captured
+        self.chunk_tokens = min(self.bld_rows, max(1, plan.activation_chunk_tokens // self.seq)) * self.seq
+        self.scoring_tokens = math.ceil(plan.scoring_tokens / self.seq) * self.seq
+        peak = gpu.compute_tflops(Precision.BF16) * 1e12 * MFU
+        self.train_flops_per_s = peak  # training runs under BF16 autocast
+        self.frozen_flops_per_s = peak * (TF32_SHARE if on_gpu and self.fb == 4 else 1.0)
         self.stage_flops = self.flops()
 
-    def seconds(self, flops: float, ranks: int) -> float:
-        return flops / (ranks * self.flops_per_s)
+    def stream_bytes(self, tokens: int) -> int:
+        """Residual streams of `tokens` tokens, in the frozen models' dtype."""
+        return tokens * self.hidden * self.fb
+
+    def layer_rows_tokens(self) -> int:
+        return max(1, LAYER_TOKENS // self.seq) * self.seq
+
+    def worst_inference_per_token(self) -> int:
+        return max(inference_bytes_per_token(part, self.hidden, self.seq) for block in self.arch.blocks
+                   for part in block.parts())
 
     def capture(self) -> dict[str, int]:
-        tokens = self.plan.bld_activation_tokens + self.plan.scoring_tokens
+        """One layer, one chunk of the BLD rows in and out (and its token ids), the scoring rows in and out, and a
+        layer's working set on LAYER_TOKENS tokens."""
         return {"largest block": self.lmax, "embedding": self.embedding,
-                "activations": 2 * activation_bytes(self.arch, tokens)}
+                "a chunk of BLD rows, in and out": 2 * self.stream_bytes(self.chunk_tokens),
+                "its token ids": 8 * self.chunk_tokens,
+                "scoring rows, in and out": 2 * self.stream_bytes(self.scoring_tokens),
+                "a layer's working set": self.layer_rows_tokens() * self.worst_inference_per_token()}
 
     def bld(self) -> dict[str, int]:
-        """The worst slot a rank can be dealt: its whole layer in float32, the captured rows and their targets,
-        and its most demanding trained variant at its peak: a training step, the variant's initialisation (the
-        parent part's statistics, EVAL_ROWS rows at a time) or the final evaluation (as many rows at a time)."""
+        """The worst slot a rank can be dealt: its whole layer, one chunk of captured rows and their targets, and
+        its most demanding trained variant at its peak: a training step, the variant's initialisation (the parent
+        part's statistics, EVAL_ROWS rows at a time) or an evaluation (as many rows at a time)."""
         arch, plan, hidden, seq = self.arch, self.plan, self.hidden, self.seq
-        rows = math.ceil(plan.bld_activation_tokens / seq) * seq  # whole sequences, as the pipeline captures them
-        step, evaluated = plan.bld.batch * seq, min(rows, EVAL_ROWS * seq)
+        step, evaluated = plan.bld.batch * seq, min(self.chunk_tokens, EVAL_ROWS * seq)
         worst: dict[str, int] = {}
         hybrid = is_hybrid(arch)
         for index, block in enumerate(arch.blocks):
-            layer = 4 * int(sum(block.params(hidden).values()))
+            layer = self.fb * int(sum(block.params(hidden).values()))
             for part in block.parts():
                 for variant in part_options(part, part, index, plan.library, plan.engine, hybrid)[1:]:
                     if isinstance(variant, NoOp):
@@ -244,18 +275,21 @@ class _Model:
                     peak = max(TRAIN_BYTES * params + step * training_bytes_per_token(variant, hidden, seq),
                                4 * params + evaluated * inference_bytes_per_token(part, hidden, seq),
                                4 * params + evaluated * inference_bytes_per_token(variant, hidden, seq))
-                    terms = {"the slot's layer (fp32)": layer, "a variant at its peak": peak}
+                    terms = {"the slot's layer": layer, "a variant at its peak": peak}
                     if sum(terms.values()) > sum(worst.values()):
                         worst = terms
         kernels = round(CPU_KERNELS_GIB * GIB) if self.gpu.family == "cpu" else 0
-        return {**worst, "inputs and targets": 2 * activation_bytes(arch, rows), "BF16 kernels (CPU)": kernels}
+        return {**worst, "a chunk of inputs and targets": 2 * self.stream_bytes(self.chunk_tokens),
+                "BF16 kernels (CPU)": kernels}
 
     def scoring(self, ranks: int) -> dict[str, int]:
-        tokens = self.plan.scoring_tokens
+        tokens = self.scoring_tokens
+        head_tokens = max(1, HEAD_TOKENS // self.seq) * self.seq
         return {"largest block": self.lmax, "LM head": self.head,
-                "variant outputs": self._streams(math.ceil(self.variants / ranks), activation_bytes(self.arch, tokens)),
-                "residual stream": activation_bytes(self.arch, tokens),
-                "logits chunk": 3 * logits_bytes(self.arch, LOGITS_CHUNK, self.seq)}
+                "variant outputs": self._streams(math.ceil(self.variants / ranks), self.stream_bytes(tokens)),
+                "residual stream": self.stream_bytes(tokens), "reference stream": self.stream_bytes(tokens),
+                "a layer's working set": self.layer_rows_tokens() * self.worst_inference_per_token(),
+                "logits chunk": 5 * head_tokens * self.arch.vocab_size * 4}
 
     def _streams(self, count: int, each: int) -> int:
         """Variant streams a scoring sweep holds: as many as WORKING_SHARE of the budget takes (at least one)."""
@@ -268,43 +302,72 @@ class _Model:
 
     def gkd(self, ranks: int) -> dict[str, int]:
         """The child sharded (FSDP2); the parent sharded beside it or streamed (`teacher_is_sharded`, the rule
-        `gkd.py` applies), its states then kept for WORKING_SHARE of the budget's worth of steps."""
-        batch, tokens = self.plan.gkd.batch, self.plan.gkd.tokens
-        child = round(16 * self.child / ranks)
-        parts = {"child shard, grads and AdamW (fp32)": child,
-                 "one child block unsharded (fp32)": 2 * self.lmax * 4 // self.fb,
+        `gkd.py` applies), its states then kept for WORKING_SHARE of the budget's worth of steps. A rank runs its
+        share of each step's rows (`gkd.batch` / ranks, rounded up)."""
+        plan, arch, seq = self.plan, self.arch, self.seq
+        rows = math.ceil(plan.gkd.batch / ranks)
+        per_step = rows * ranks
+        steps = max(1, math.ceil(plan.gkd.tokens / (per_step * seq)))
+        parts = {"child shard, grads and AdamW (fp32)": round(SHARDED_TRAIN_BYTES * self.child / ranks),
+                 "one child block unsharded (fp32)": 2 * self.block_max * 4,
                  "teacher block": self.lmax,
-                 "activations for backward": batch * self.seq * self.hidden * 4 * self.layers * 4,
-                 "logits": 3 * logits_bytes(self.arch, batch, self.seq)}
-        if teacher_is_sharded(self.fb * self.arch.total_params, self.child, self.block_max, ranks, self.budget):
-            return {**parts, "teacher shard": round(self.fb * self.arch.total_params / ranks)}
+                 "activations for backward": rows * seq * saved_bytes_per_token(arch, seq),
+                 "child layer states (cosine loss)": rows * seq * self.hidden * 4 * self.layers,
+                 "logits and the KL's temporaries": KL_LOGITS * logits_bytes(arch, rows, seq),
+                 "batch row indices": 8 * per_step * steps}
+        if teacher_is_sharded(self.fb * arch.total_params, self.child, self.block_max, ranks, self.budget):
+            return {**parts, "teacher shard": round(self.fb * arch.total_params / ranks),
+                    "teacher layer states": rows * seq * self.hidden * self.fb * self.layers}
         return {**parts, "LM head": self.head,
-                "teacher layer states (bf16)": self._teacher(tokens / ranks * self.hidden * 2 * self.layers)}
+                "teacher layer states (bf16)": self._teacher(rows, plan.gkd.tokens / ranks * self.hidden * 2
+                                                             * self.layers)}
 
-    def _teacher(self, every_row: float) -> int:
+    def _teacher(self, rows: int, every_row: float) -> int:
         """A streamed teacher's states are kept for the steps WORKING_SHARE of the budget holds (at least one)."""
-        step = self.plan.gkd.batch * self.seq * self.hidden * 2 * self.layers
+        step = rows * self.seq * self.hidden * 2 * self.layers
         return round(min(every_row, max(step, WORKING_SHARE * self.budget)))
 
     def evaluation(self) -> dict[str, int]:
         """One model and one LM head at a time (`evaluate.logit_chunks`), CHUNK_TOKENS tokens of logits."""
         return {"largest block": self.lmax, "LM head": self.head,
-                "activations": activation_bytes(self.arch, self.plan.eval_tokens),
+                "activations": self.stream_bytes(self.plan.eval_tokens),
                 "logits chunks": 5 * CHUNK_TOKENS * self.arch.vocab_size * 4}
 
+    def stage_files(self) -> dict[str, int]:
+        """What the stages keep on the claim at their largest: the token windows, one round's captured streams
+        (every slot's BLD rows and scoring rows) and its trained variants (float32)."""
+        plan, hidden = self.plan, self.hidden
+        train = max(plan.bld.tokens, plan.gkd.tokens)
+        heldout = plan.scoring_tokens + plan.eval_tokens + self.seq
+        streams = len(self.slots) * self.stream_bytes(self.bld_rows * self.seq + self.scoring_tokens)
+        variants = sum((count - 1) * 4 * int(sum(part.params(hidden).values())) for _, part, count in self.slots)
+        return {"token windows (int32)": 4 * (train + heldout), "captured streams (one round)": streams,
+                "trained variants (one round)": variants}
+
     def flops(self) -> dict[StageName, float]:
-        """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total."""
+        """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total.
+        Every figure counts active parameters (a MoE token runs its top-k experts)."""
         plan, hidden, active = self.plan, self.hidden, self.arch.active_param_count
         rounds = plan.rounds
         per_block = [int(sum(block.active_params(hidden).values())) for block in self.arch.blocks]
         after = [sum(per_block[index + 1:]) for index in range(self.layers)]
-        bld = sum(count * 6 * int(sum(part.params(hidden).values())) * plan.bld.tokens
+        bld = sum(count * 6 * int(sum(part.active_params(hidden).values())) * plan.bld.tokens
                   for _, part, count in self.slots)
         scoring = sum(count * 2 * after[index] * plan.scoring_tokens for index, _, count in self.slots)
         return {"capture": rounds * 2 * active * (plan.bld_activation_tokens + plan.scoring_tokens),
                 "bld": rounds * bld, "scoring": rounds * scoring, "assembly": 0.0,
                 "gkd": (6 * self.child_active + 2 * active) * plan.gkd.tokens,
                 "evaluation": 2 * (active + self.child_active) * plan.eval_tokens}
+
+    def seconds(self, stage: StageName, ranks: int) -> float:
+        """The stage's FLOPs at MFU of the peak its passes run at: training (BLD, GKD's child) under BF16
+        autocast, forward passes of frozen models in their dtype."""
+        flops = self.stage_flops[stage]
+        if stage == "gkd":
+            teacher = 2 * self.arch.active_param_count * self.plan.gkd.tokens
+            return ((flops - teacher) / self.train_flops_per_s + teacher / self.frozen_flops_per_s) / ranks
+        rate = self.train_flops_per_s if stage == "bld" else self.frozen_flops_per_s
+        return flops / (ranks * rate)
 
     @cached_property
     def rank_free(self) -> dict[str, dict[str, int]]:
@@ -315,14 +378,14 @@ class _Model:
 
     def needs(self, ranks: int) -> list[StageNeed]:
         runtime = runtime_bytes(self.gpu)
-        flops, fixed = self.stage_flops, self.rank_free
+        fixed = self.rank_free
         stages: list[tuple[StageName, Ranks, dict[str, int]]] = [
             ("capture", "rank 0", fixed["capture"]), ("bld", "all", fixed["bld"]),
             ("scoring", "all", self.scoring(ranks)), ("assembly", "rank 0", fixed["assembly"]),
             ("gkd", "all", self.gkd(ranks)), ("evaluation", "rank 0", fixed["evaluation"])]
         return [StageNeed(stage=name, ranks=who, parts={**parts, "runtime": runtime},
                           peak_bytes=sum(parts.values()) + runtime,
-                          seconds=self.seconds(flops[name], ranks if who == "all" else 1))
+                          seconds=self.seconds(name, ranks if who == "all" else 1))
                 for name, who, parts in stages]
 
 
@@ -347,5 +410,5 @@ def footprint(arch: Architecture, plan: Plan, gpu: GpuProfile, gpus_per_node: in
 
     return Footprint(gpu=gpu.name, on_cpu=gpu.family == "cpu", gpus_per_node=gpus_per_node, nodes=nodes,
                      budget_bytes=budget, budget_stated=memory_gib is not None,
-                     stages=model.needs(gpus_per_node * nodes),
+                     stages=model.needs(gpus_per_node * nodes), stage_files=model.stage_files(),
                      fitting_nodes=next((n for n in range(1, MAX_NODES + 1) if fits(n)), None))

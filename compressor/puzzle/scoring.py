@@ -6,7 +6,8 @@ were captured once (`activations`). Each rank scores the slots it owns (dealt by
 times the slots after them) in sweeps over the layers, one layer resident at a time: a variant's stream
 starts at its slot and is carried through the current layers after it, so a sweep reads each layer once
 for all its variants. A sweep holds at most `streams` variant streams (the memory budget decides), then
-the logits come from the LM head, a few sequences at a time.
+the logits come from the LM head, the variant's and the current model's (from its last stream), HEAD_TOKENS
+tokens at a time.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import FINAL, Progress, scoring_file
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.bld import variant_branch
-from tailor.compressor.puzzle.footprint import LOGITS_CHUNK
+from tailor.compressor.puzzle.footprint import HEAD_TOKENS, LAYER_TOKENS
 from tailor.compressor.puzzle.library import Variant
-
-ROWS = LOGITS_CHUNK  # sequences per call of a layer or the head
 
 
 class Score(BaseModel):
@@ -54,7 +53,9 @@ def scoring_slots(variants: list[list[Variant]], rank: int, world: int) -> list[
 
 
 def _chunked(run: object, x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([run(x[i:i + ROWS]) for i in range(0, x.shape[0], ROWS)])  # type: ignore[operator]
+    """`run` over LAYER_TOKENS tokens of `x` (whole sequences, at least one) at a time."""
+    rows = max(1, LAYER_TOKENS // x.shape[1])
+    return torch.cat([run(x[i:i + rows]) for i in range(0, x.shape[0], rows)])  # type: ignore[operator]
 
 
 @torch.no_grad()
@@ -63,13 +64,11 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
     """Scores keyed "slot:label" of this rank's slots; entries already in `known` are kept, not recomputed."""
     rank, world = parallel.rank_world()
     head = model.head()
-    reference_state = load_activations(activations / FINAL, model.device)
-    reference = _chunked(lambda x: F.log_softmax(head(x).float(), -1), reference_state)
-    del reference_state
+    reference = load_activations(activations / FINAL, model.device)  # the current model's last stream
     scores: dict[str, Score] = {}
     owned = set(scoring_slots(variants, rank, world))
     mine = [v for options in variants for v in options if v.slot in owned]
-    unchanged = Score(kl=0.0, lm_loss=kl_and_loss(reference, reference, ids)[1])  # the current model's
+    unchanged = Score(kl=0.0, lm_loss=_score(head, reference, reference, ids).lm_loss)  # the current model's
     for variant in mine:
         key = f"{variant.slot}:{variant.label}"
         if key in known:
@@ -89,12 +88,15 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
 
 
 def _score(head: torch.nn.Module, reference: torch.Tensor, state: torch.Tensor, ids: torch.Tensor) -> Score:
-    """KL and LM loss of the model whose last residual stream is `state`, a few sequences at a time."""
+    """KL and LM loss of the model whose last residual stream is `state` against the one whose stream is
+    `reference`, HEAD_TOKENS tokens (whole sequences, at least one) of logits at a time."""
     kl = loss = 0.0
-    for i in range(0, ids.shape[0], ROWS):
-        part_kl, part_loss = kl_and_loss(reference[i:i + ROWS], head(state[i:i + ROWS]), ids[i:i + ROWS])
-        rows = ids[i:i + ROWS].shape[0]
-        kl, loss = kl + part_kl * rows, loss + part_loss * rows
+    rows = max(1, HEAD_TOKENS // ids.shape[1])
+    for i in range(0, ids.shape[0], rows):
+        reference_logprobs = F.log_softmax(head(reference[i:i + rows]).float(), -1)
+        part_kl, part_loss = kl_and_loss(reference_logprobs, head(state[i:i + rows]), ids[i:i + rows])
+        taken = ids[i:i + rows].shape[0]
+        kl, loss = kl + part_kl * taken, loss + part_loss * taken
     return Score(kl=kl / ids.shape[0], lm_loss=loss / ids.shape[0])
 
 

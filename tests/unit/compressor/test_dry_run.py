@@ -24,14 +24,14 @@ def published(tmp_path: Path, **fields: object) -> Path:
     return path
 
 
-def test_the_published_case_on_8_b200_prints_a_table_that_fits(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpus", "8",
+def test_the_published_case_on_two_nodes_of_8_b200_prints_a_table_that_fits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpus", "8", "--nodes", "2",
                  "--gpu", "B200-180GB"]) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert "120.67B parameters, built on the meta device" in lines[0]
-    assert lines[1] == "placement: 1 node(s) x 8 B200-180GB = 8 rank(s), 179.1 GiB per rank"
+    assert lines[1] == "placement: 2 node(s) x 8 B200-180GB = 16 rank(s), 179.1 GiB per rank"
     assert lines[2].split()[:4] == ["stage", "ranks", "peak", "GiB/rank"]
     rows = lines[3:9]
     assert [row.split()[0] for row in rows] == STAGES and all(" yes " in row for row in rows)
@@ -42,8 +42,8 @@ def test_one_h100_refuses_naming_the_stage(tmp_path: Path, capsys: pytest.Captur
     assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpu", "H100", "--json"]) == 2
     out, err = capsys.readouterr()
     fp = json.loads(out)
-    assert [need["stage"] for need in fp["stages"]] == STAGES and fp["fitting_nodes"] == 26
-    assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 26" in err
+    assert [need["stage"] for need in fp["stages"]] == STAGES and fp["fitting_nodes"] == 28
+    assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 28" in err
 
 
 def test_an_hf_parent_must_be_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],

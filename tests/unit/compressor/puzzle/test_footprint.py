@@ -9,8 +9,8 @@ import pytest
 
 from tailor.compressor.architecture import load_architecture
 from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.puzzle.footprint import GIB, child_share, footprint, variants_per_slot
-from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.puzzle.footprint import GIB, MFU, child_bounds, footprint, variants_per_slot
+from tailor.compressor.puzzle.plan import FrozenDtype, Plan
 
 REPO = Path(__file__).resolve().parents[4]
 SUPER = load_architecture("nemotron-3-super-120b-a12b")
@@ -18,8 +18,50 @@ PUBLISHED = Plan.load(REPO / "examples" / "plans" / "nemotron-super-b200.yaml")
 CATALOG = GpuCatalog.load()
 
 
-def test_the_child_is_bounded_by_the_tightest_target() -> None:
-    assert child_share(SUPER, PUBLISHED) == pytest.approx(0.5)  # 2x throughput, tighter than 75.3B / 9.3B
+def test_the_child_is_bounded_by_its_parameter_targets_not_by_throughput() -> None:
+    assert child_bounds(SUPER, PUBLISHED) == pytest.approx((75.3e9, 9.3e9))  # the plan's paramsBillions caps
+    speed_only = PUBLISHED.model_copy(update={"target": PUBLISHED.target.model_copy(update={
+        "params_billions": None, "active_params_billions": None})})
+    assert child_bounds(SUPER, speed_only) == (SUPER.total_params, SUPER.active_param_count)  # 2x bounds no size
+
+
+def test_gkd_time_counts_active_parameters_at_the_peak_each_pass_runs_at() -> None:
+    """By hand: 6 x 9.3B (the child trains) + 2 x 12.77B (the parent's forward) FLOPs per token, at 35% of the
+    B200's 2,250 BF16 TFLOPS; a float32 teacher on a GPU runs at TF32's half of it."""
+    b200 = CATALOG.get("B200-180GB")
+    tokens = PUBLISHED.gkd.tokens
+    gkd = next(need for need in footprint(SUPER, PUBLISHED, b200, gpus_per_node=8).stages if need.stage == "gkd")
+    rate = 8 * 2250e12 * MFU
+    assert gkd.seconds == pytest.approx((6 * 9.3e9 + 2 * SUPER.active_param_count) * tokens / rate, rel=1e-3)
+    fp32 = PUBLISHED.model_copy(update={"frozen_dtype": FrozenDtype.FLOAT32})
+    slow = next(need for need in footprint(SUPER, fp32, b200, gpus_per_node=8).stages if need.stage == "gkd")
+    assert slow.seconds == pytest.approx((6 * 9.3e9 + 4 * SUPER.active_param_count) * tokens / rate, rel=1e-3)
+
+
+def test_gkd_holds_a_ranks_share_of_the_batch() -> None:
+    """gkd.batch 16 over 8 ranks: 2 rows each, over 16 ranks: 1; the KL's 7 float32 [rows, seq, vocab] tensors
+    by hand."""
+    plan = PUBLISHED.model_copy(update={"gkd": PUBLISHED.gkd.model_copy(update={"batch": 16})})
+    b200 = CATALOG.get("B200-180GB")
+
+    def gkd(nodes: int) -> dict[str, int]:
+        fp = footprint(SUPER, plan, b200, gpus_per_node=8, nodes=nodes)
+        return next(need.parts for need in fp.stages if need.stage == "gkd")
+
+    one, two = gkd(1), gkd(2)
+    assert one["logits and the KL's temporaries"] == 7 * 2 * 128 * 131072 * 4
+    assert two["logits and the KL's temporaries"] == 7 * 1 * 128 * 131072 * 4
+    assert one["activations for backward"] == 2 * two["activations for backward"]
+
+
+def test_the_claim_holds_one_rounds_streams_in_the_frozen_dtype() -> None:
+    """88 slots x (8,192 BLD + 1,024 scoring tokens) x 4,096 x 2 bytes (BF16 on a GPU), by hand; float32 on a CPU."""
+    b200 = CATALOG.get("B200-180GB")
+    claim = footprint(SUPER, PUBLISHED, b200, gpus_per_node=8).stage_files
+    assert claim["captured streams (one round)"] == 88 * (8192 + 1024) * 4096 * 2
+    assert claim["token windows (int32)"] == 4 * (PUBLISHED.gkd.tokens + 1024 + 4096 + 128)
+    cpu = footprint(SUPER, PUBLISHED, CATALOG.get("cpu")).stage_files
+    assert cpu["captured streams (one round)"] == 2 * claim["captured streams (one round)"]
 
 
 def test_variants_per_slot_follow_the_library() -> None:
@@ -108,7 +150,7 @@ def test_bld_holds_one_slot_and_its_most_demanding_trained_variant() -> None:
     b200 = CATALOG.get("B200-180GB")
     bld = next(need for need in footprint(SUPER, PUBLISHED, b200, gpus_per_node=8, nodes=2).stages
                if need.stage == "bld")
-    assert set(bld.parts) == {"the slot's layer (fp32)", "a variant at its peak", "inputs and targets",
+    assert set(bld.parts) == {"the slot's layer", "a variant at its peak", "a chunk of inputs and targets",
                               "BF16 kernels (CPU)", "runtime"}
     assert bld.parts["BF16 kernels (CPU)"] == 0  # a CPU-only term
     # a Mamba-2 scan keeps per-chunk states that grow with the chunk: longer rows, a larger step
