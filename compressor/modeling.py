@@ -19,12 +19,14 @@ distillation, scoring and assembly iterate over.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tailor.compressor.architecture import Architecture, Attention, Block, Linear, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.mamba import Mamba2, MambaCache
@@ -378,15 +380,20 @@ class Decoder(nn.Module):
         return result
 
     def forward(self, ids: torch.Tensor, caches: list[Cache] | None = None,
-                states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """The logits; with `states`, the residual stream after every layer is appended to it (distillation)."""
+                states: list[torch.Tensor] | None = None, recompute: bool = False,
+                loss: Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor] | None = None,
+                ) -> torch.Tensor:
+        """The logits. Distillation's options: with `states`, the residual stream after every layer is appended
+        to it; with `recompute`, each layer's activations are recomputed in backward instead of kept (only the
+        layers' inputs stay); with `loss`, what `loss(head, last stream)` returns in place of the logits, computed
+        here, where a sharded model holds its head gathered."""
         if states is None:
             return self.head(self.run_slots(self.embed(ids), caches=caches))
         x = self.embed(ids)
         for layer in self.layers:
-            x = layer(x)
+            x = checkpoint(layer, x, use_reentrant=False) if recompute else layer(x)
             states.append(x)
-        return self.head(x)
+        return self.head(x) if loss is None else loss(self.head, x)
 
     def new_caches(self, batch: int, capacity: int) -> list[Cache]:
         """One cache per layer: keys and values for attention, conv window and SSM state for Mamba-2."""

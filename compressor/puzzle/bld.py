@@ -50,7 +50,10 @@ def checkpoint_file(folder: Path, variant: Variant) -> Path:
 
 
 def save_branch(path: Path, branch: Branch, loss: float) -> None:
-    save_tensors(path, _modules(branch).state_dict(), {"nmse": repr(loss)})
+    """A trained variant in BF16, as the assembled child will hold it (half the claim float32 would take)."""
+    state = {name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+             for name, tensor in _modules(branch).state_dict().items()}
+    save_tensors(path, state, {"nmse": repr(loss)})
 
 
 def _not_resumable(path: Path, error: Exception) -> CheckpointError:

@@ -41,6 +41,7 @@ CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joini
 CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache once BLD has trained on a CPU
 TRAIN_BYTES = 18  # per trained parameter: float32 weight, its gradient, AdamW's two moments, a BF16 autocast copy
 SHARDED_TRAIN_BYTES = 16  # per parameter of GKD's sharded child: float32 weight, gradient, AdamW's two moments
+KL_TOKENS = 4096  # tokens whose logits GKD's loss holds at once (`gkd.chunked_kl`)
 KL_LOGITS = 7  # [rows, seq, vocab] float32 tensors alive at GKD's loss (measured on the CPU: logits, both
                # log-softmaxes, their gradients)
 EVAL_ROWS = 8  # captured rows a BLD no-grad pass runs at once (`bld.EVAL_ROWS`)
@@ -301,23 +302,30 @@ class _Model:
         return {"a block, or the ends, and its serialised copy": max(2 * self.lmax, 2 * self.ends)}
 
     def gkd(self, ranks: int) -> dict[str, int]:
-        """The child sharded (FSDP2); the parent sharded beside it or streamed (`teacher_is_sharded`, the rule
-        `gkd.py` applies), its states then kept for WORKING_SHARE of the budget's worth of steps. A rank runs its
-        share of each step's rows (`gkd.batch` / ranks, rounded up)."""
+        """The child sharded (FSDP2), a layer gathered at a time (in BF16 with BF16 frozen models); the parent
+        sharded beside it or streamed (`teacher_is_sharded`, the rule `gkd.py` applies), its states then kept for
+        WORKING_SHARE of the budget's worth of steps. A rank runs its share of each step's rows (`gkd.batch` /
+        ranks, rounded up), `gkd.microBatch` of them at once; with `gkd.recompute` it keeps one layer's
+        activations for backward, not every layer's; the KL's logits are held KL_TOKENS tokens at a time."""
         plan, arch, seq = self.plan, self.arch, self.seq
         rows = math.ceil(plan.gkd.batch / ranks)
+        held = min(rows, plan.gkd.micro_batch or rows) * seq  # tokens a forward and backward holds
         per_step = rows * ranks
         steps = max(1, math.ceil(plan.gkd.tokens / (per_step * seq)))
+        gathered = 2 if self.fb == 2 else 4
+        saved = (max(sum(training_bytes_per_token(part, self.hidden, seq) for part in block.parts())
+                     for block in arch.blocks) if plan.gkd.recompute else saved_bytes_per_token(arch, seq))
         parts = {"child shard, grads and AdamW (fp32)": round(SHARDED_TRAIN_BYTES * self.child / ranks),
-                 "one child block unsharded (fp32)": 2 * self.block_max * 4,
+                 "one child block gathered, and its gradients": 2 * self.block_max * gathered,
                  "teacher block": self.lmax,
-                 "activations for backward": rows * seq * saved_bytes_per_token(arch, seq),
-                 "child layer states (cosine loss)": rows * seq * self.hidden * 4 * self.layers,
-                 "logits and the KL's temporaries": KL_LOGITS * logits_bytes(arch, rows, seq),
+                 "activations for backward": held * saved,
+                 "child layer states (cosine loss)": held * self.hidden * 4 * self.layers,
+                 "teacher logits": held * arch.vocab_size * self.fb,
+                 "logits and the KL's temporaries": KL_LOGITS * min(held, KL_TOKENS) * arch.vocab_size * 4,
                  "batch row indices": 8 * per_step * steps}
         if teacher_is_sharded(self.fb * arch.total_params, self.child, self.block_max, ranks, self.budget):
             return {**parts, "teacher shard": round(self.fb * arch.total_params / ranks),
-                    "teacher layer states": rows * seq * self.hidden * self.fb * self.layers}
+                    "teacher layer states": held * self.hidden * self.fb * self.layers}
         return {**parts, "LM head": self.head,
                 "teacher layer states (bf16)": self._teacher(rows, plan.gkd.tokens / ranks * self.hidden * 2
                                                              * self.layers)}
@@ -335,18 +343,19 @@ class _Model:
 
     def stage_files(self) -> dict[str, int]:
         """What the stages keep on the claim at their largest: the token windows, one round's captured streams
-        (every slot's BLD rows and scoring rows) and its trained variants (float32)."""
+        (every slot's BLD rows and scoring rows) and its trained variants (BF16)."""
         plan, hidden = self.plan, self.hidden
         train = max(plan.bld.tokens, plan.gkd.tokens)
         heldout = plan.scoring_tokens + plan.eval_tokens + self.seq
         streams = len(self.slots) * self.stream_bytes(self.bld_rows * self.seq + self.scoring_tokens)
-        variants = sum((count - 1) * 4 * int(sum(part.params(hidden).values())) for _, part, count in self.slots)
+        variants = sum((count - 1) * 2 * int(sum(part.params(hidden).values())) for _, part, count in self.slots)
         return {"token windows (int32)": 4 * (train + heldout), "captured streams (one round)": streams,
                 "trained variants (one round)": variants}
 
     def flops(self) -> dict[StageName, float]:
-        """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total.
-        Every figure counts active parameters (a MoE token runs its top-k experts)."""
+        """Per stage over the whole run: capture, BLD and scoring run every round; the GKD budget is the total
+        (recomputing the child's layers adds a forward pass). Every figure counts active parameters (a MoE token
+        runs its top-k experts)."""
         plan, hidden, active = self.plan, self.hidden, self.arch.active_param_count
         rounds = plan.rounds
         per_block = [int(sum(block.active_params(hidden).values())) for block in self.arch.blocks]
@@ -356,7 +365,7 @@ class _Model:
         scoring = sum(count * 2 * after[index] * plan.scoring_tokens for index, _, count in self.slots)
         return {"capture": rounds * 2 * active * (plan.bld_activation_tokens + plan.scoring_tokens),
                 "bld": rounds * bld, "scoring": rounds * scoring, "assembly": 0.0,
-                "gkd": (6 * self.child_active + 2 * active) * plan.gkd.tokens,
+                "gkd": ((8 if plan.gkd.recompute else 6) * self.child_active + 2 * active) * plan.gkd.tokens,
                 "evaluation": 2 * (active + self.child_active) * plan.eval_tokens}
 
     def seconds(self, stage: StageName, ranks: int) -> float:

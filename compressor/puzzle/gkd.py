@@ -23,22 +23,24 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
 
 from tailor.compressor.checkpoint import read_config
 from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.activations import Progress
-from tailor.compressor.puzzle.footprint import WORKING_SHARE, block_params, teacher_is_sharded
-from tailor.compressor.puzzle.plan import Training
+from tailor.compressor.puzzle.footprint import KL_TOKENS, WORKING_SHARE, block_params, teacher_is_sharded
+from tailor.compressor.puzzle.plan import Distillation
 from tailor.compressor.puzzle.resume import Checkpoints, RunKey, child_digest
 
 CHECKPOINT_FOLDER = "gkd-checkpoint"  # beside the trained child: stages/round{r}/gkd-checkpoint/
@@ -52,8 +54,8 @@ class ShardedTeacher:
         for param in self.model.parameters():
             param.requires_grad_(False)
 
-    def skip(self, steps: int) -> None:
-        """Resuming after `steps` steps: nothing to skip, each step's targets are computed then."""
+    def begin(self, step: int) -> None:
+        """Step `step` (from 0) begins: nothing to prepare, each micro-batch's targets are computed then."""
 
     @torch.no_grad()
     def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -70,19 +72,18 @@ class StreamedTeacher:
                  progress: Progress) -> None:
         self.parent, self.batches, self.train, self.per_pass, self.progress = parent, batches, train, per_pass, progress
         self.head = parent.head()
-        self.step = self.until = 0  # the next step, and the first step the streamed states do not cover
+        self.first = self.until = 0  # the steps [first, until) the streamed states cover
         self.index: dict[int, int] = {}
         self.states: list[torch.Tensor] = []
 
-    def skip(self, steps: int) -> None:
-        """Resuming after `steps` steps: the next pass streams from there."""
-        self.step = self.until = steps
+    def begin(self, step: int) -> None:
+        """Step `step` (from 0) begins: a new pass streams the parent when the states held do not cover it (a
+        resumed run starts its first pass there)."""
+        if not self.first <= step < self.until:
+            self.first, self.until = step, step + self.per_pass
+            self._stream(torch.unique(torch.cat(self.batches[self.first:self.until])))
 
     def targets(self, rows: torch.Tensor, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        if self.step >= self.until:
-            self.until = self.step + self.per_pass
-            self._stream(torch.unique(torch.cat(self.batches[self.step:self.until])))
-        self.step += 1
         positions = torch.tensor([self.index[int(row)] for row in rows], dtype=torch.long)
         states = [state[positions] for state in self.states]
         with torch.no_grad():
@@ -112,15 +113,21 @@ def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: i
     return max(1, min(steps, int(WORKING_SHARE * budget_bytes // per_step)))
 
 
-def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Decoder:
-    """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read tensor by tensor."""
+def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
+                  gathered: torch.dtype | None = None) -> Decoder:
+    """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read tensor by tensor, its
+    shards in `dtype`; with `gathered`, a layer is gathered in that dtype to run (its gradients reduced in
+    float32)."""
     lazy = LazyDecoder(folder, dtype=dtype, device=device)
     with torch.device("meta"):
         child = Decoder(lazy.arch, lazy.settings)
     mesh = init_device_mesh(device.type, (parallel.rank_world()[1],))
+    # inputs are left as they are: casting them would copy the `states` list the forward appends to
+    policy = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32 if gathered else None,
+                                  cast_forward_inputs=False)
     for layer in child.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(child, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(child, mesh=mesh, mp_policy=policy)
     child.to_empty(device=device)
     names = {id(p): name for name, p in reversed(list(child.named_parameters(remove_duplicate=False)))}
     with torch.no_grad():
@@ -137,20 +144,37 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
     return child
 
 
+def chunked_kl(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+               teacher_logits: torch.Tensor) -> torch.Tensor:
+    """The sum over tokens of KL(teacher || child) on the logits, the child's from its last stream `x` through
+    `head`, KL_TOKENS tokens at a time; with more than one chunk, each chunk's logits are recomputed in backward,
+    so only one chunk's are ever held."""
+    tokens = x.reshape(-1, x.shape[-1])
+    teacher = teacher_logits.reshape(-1, teacher_logits.shape[-1])
+
+    def part(rows: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        return F.kl_div(F.log_softmax(head(rows).float(), -1), F.log_softmax(wanted.float(), -1), log_target=True,
+                        reduction="sum")
+
+    if tokens.shape[0] <= KL_TOKENS:
+        return part(tokens, teacher)
+    return sum((checkpoint(part, tokens[i:i + KL_TOKENS], teacher[i:i + KL_TOKENS], use_reentrant=False)
+                for i in range(0, tokens.shape[0], KL_TOKENS)), torch.zeros((), device=x.device))
+
+
 def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tensor], teacher_logits: torch.Tensor,
-             scale: float) -> torch.Tensor:
+             scale: float, recompute: bool = False) -> torch.Tensor:
     """This rank's share of the batch loss: the sums over its rows, times `scale` (world / batch rows)."""
     states: list[torch.Tensor] = []
-    logits = child(ids, states=states)
+    kl: torch.Tensor = child(ids, states=states, recompute=recompute,
+                             loss=lambda head, x: chunked_kl(head, x, teacher_logits)) / ids.shape[1]
     cosine = sum((1 - F.cosine_similarity(c.float(), p.float(), dim=-1)).mean(-1).sum()
                  for c, p in zip(states, teacher_states, strict=True))
-    kl = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
-                  reduction="sum") / ids.shape[1]
     return (cosine + kl) * scale
 
 
 def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: Path, train: torch.Tensor,
-            budget: Training, seed: int, progress: Progress, budget_bytes: float | None = None,
+            budget: Distillation, seed: int, progress: Progress, budget_bytes: float | None = None,
             checkpoint_seconds: float = 1800.0) -> list[float]:
     """Train the child in `child_folder` into `out` (rank 0 writes it) on windows of `train` (token ids, may be
     memory-mapped: a step's rows are read as it takes them); the loss of every step. `budget_bytes`:
@@ -174,7 +198,8 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
         per_pass = steps_per_pass(mine[0].numel(), train.shape[1], len(parent.arch.blocks), parent.arch.hidden_size,
                                   budget_bytes, steps)
         teacher = StreamedTeacher(parent, mine, train, per_pass, progress)
-    child = sharded_model(child_folder, parent.device)
+    child = sharded_model(child_folder, parent.device, gathered=torch.bfloat16 if parent.dtype == torch.bfloat16
+                          else None)
     optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -184,21 +209,25 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     checkpoints = Checkpoints(out.with_name(CHECKPOINT_FOLDER), key, checkpoint_seconds, child, optimiser, schedule,
                               progress)
     done, losses = checkpoints.resume()
-    teacher.skip(done)
     autocast = torch.autocast(parent.device.type, dtype=torch.bfloat16)
     child.train()
     started = time.monotonic()
     for step, rows in enumerate(mine[done:], done + 1):
-        ids = tokens.take(train, rows, parent.device)
-        states, logits = teacher.targets(rows, ids)
-        with autocast:
-            loss = gkd_loss(child, ids, states, logits, world / per_step)
+        teacher.begin(step - 1)
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
+        total = torch.zeros((), device=parent.device)
+        for part in torch.split(rows, budget.micro_batch or rows.numel()):  # the step's gradients add up
+            ids = tokens.take(train, part, parent.device)
+            states, logits = teacher.targets(part, ids)
+            with autocast:
+                loss = gkd_loss(child, ids, states, logits, world / per_step, budget.recompute)
+            loss.backward()  # type: ignore[no-untyped-call]
+            total += loss.detach().float()
+            del states, logits, loss
         torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
         optimiser.step()
         schedule.step()
-        total = loss.detach().float() / world
+        total /= world
         if dist.is_initialized():
             dist.all_reduce(total)
         losses.append(float(total))

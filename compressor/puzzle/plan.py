@@ -141,8 +141,9 @@ class Library(_Spec):
     experts_kept: list[Share] = Field([0.75], max_length=MAX_VARIANTS,
                                       description="Routed experts kept (the least important by removal "
                                                   "go), as shares of the parent's.")
-    top_k: list[Share] = Field([0.5], max_length=MAX_VARIANTS,
-                               description="Experts per token as shares of the parent's top-k.")
+    top_k: list[Share] = Field([0.5, 0.375], max_length=MAX_VARIANTS,
+                               description="Experts per token as shares of the parent's top-k (Nemotron-3-Super's "
+                                           "22: 11 and 8, around the published child's mean of ~10).")
     top_k_values: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         [], max_length=MAX_VARIANTS, description="Experts per token as counts, beside the shares of topK.")
     keep_attention: bool | None = Field(None, description="Offer no variant of attention blocks (keep them whole). "
@@ -159,6 +160,17 @@ class Training(_Spec):
     tokens: int = Field(gt=0, le=MAX_TOKENS)
     lr: float = Field(gt=0, le=1.0)
     batch: int = Field(8, gt=0, le=4096, description="Sequences per step.")
+
+
+class Distillation(Training):
+    """GKD's budget, and how a rank holds a step when its share of the batch does not fit at once."""
+
+    micro_batch: int | None = Field(None, gt=0, le=4096,
+                                    description="Sequences a rank runs forward and backward at once; the step's "
+                                                "gradients add up over them. Default: all of its share of `batch`.")
+    recompute: bool = Field(False, description="Recompute each layer's activations in backward instead of keeping "
+                                               "them (about a third more compute): a rank keeps the layers' inputs "
+                                               "and one layer's activations, not every layer's.")
 
 
 class Corpus(_Spec):
@@ -215,7 +227,7 @@ class Plan(_Spec):
                                 description="Held-out tokens each replace-1-block score is taken on.")
     eval_tokens: int = Field(4096, gt=0, le=MAX_TOKENS,
                              description="Held-out tokens for the report's perplexity and KL.")
-    gkd: Training = Training(tokens=16384, lr=1e-4)  # the total: each round gets tokens / rounds
+    gkd: Distillation = Distillation(tokens=16384, lr=1e-4)  # the total: each round gets tokens / rounds
     checkpoint_minutes: float = Field(30.0, ge=0, le=10_000,
                                       description="GKD saves its sharded training state this often, and a "
                                                   "restarted job resumes from it; 0: after every step.")

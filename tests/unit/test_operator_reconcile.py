@@ -623,30 +623,30 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "DoesNotFit", condition
     assert condition["message"].startswith("the compression does not fit 2 node(s) x 8 H100-80GB: stage gkd needs ")
-    assert condition["message"].endswith("GiB short; try spec.jobs.nodes 4")  # a 76B child's fp32 AdamW shards
+    assert condition["message"].endswith("GiB short; try spec.jobs.nodes 3")  # a 76B child's fp32 AdamW shards
     assert not kube.names("Job") and kube.names("PersistentVolumeClaim") == ["models"] and not kube.names(
         "ConfigMap")
     (compress,) = kube.status("m")["stages"]
     assert (compress["name"], compress["state"], compress["reason"]) == ("Compress", "Failed", "DoesNotFit")
-    kube.update_spec("m", {"jobs": {"nodes": 4}})  # what the message advises: a new generation, a new try
+    kube.update_spec("m", {"jobs": {"nodes": 3}})  # what the message advises: a new generation, a new try
     # the default 1Ti claim cannot hold what this build writes: refused before a claim or Job exists
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "ClaimTooSmall", condition
     assert condition["message"] == (
-        "PersistentVolumeClaim m-artifacts would hold 1Ti (1,100 GB), but the build writes up to 9,884 GB (round "
-        "children 912 GB, GKD checkpoints 1,824 GB, child 152 GB, quantized child 76 GB, stage files 6,920 GB): set "
-        "spec.storage.size to at least 9.0Ti; nothing was started")
+        "PersistentVolumeClaim m-artifacts would hold 1Ti (1,100 GB), but the build writes up to 8,266 GB (round "
+        "children 912 GB, GKD checkpoints 1,824 GB, child 152 GB, quantized child 76 GB, stage files 5,302 GB): set "
+        "spec.storage.size to at least 7.6Ti; nothing was started")
     assert not kube.names("Job") and kube.names("PersistentVolumeClaim") == ["models"]
     kube.update_spec("m", {"storage": {"size": "10Ti"}})
     assert step(kube).phase == "Compressing"
     assert kube.obj("PersistentVolumeClaim", "m-artifacts")["spec"]["resources"]["requests"]["storage"] == "10Ti"
     job = kube.obj("Job", "m-g3-compress")["spec"]
-    assert job["completions"] == 4 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+    assert job["completions"] == 3 and job["template"]["spec"]["containers"][0]["resources"]["limits"] == {
         "nvidia.com/gpu": "8", "memory": f"{(8 * 40 + 64) * 1024}Mi"}  # 32 GiB per GPU assumed x 1.25, + shm
-    assert any(reason == "FitChecked" and "fits 4 node(s) x 8 H100-80GB" in message
+    assert any(reason == "FitChecked" and "fits 3 node(s) x 8 H100-80GB" in message
                for _, reason, message in kube.events)
-    assert any(reason == "ClaimChecked" and "up to 9,884 GB" in message for _, reason, message in kube.events)
+    assert any(reason == "ClaimChecked" and "up to 8,266 GB" in message for _, reason, message in kube.events)
 
 
 def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:

@@ -42,8 +42,8 @@ def test_one_h100_refuses_naming_the_stage(tmp_path: Path, capsys: pytest.Captur
     assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--gpu", "H100", "--json"]) == 2
     out, err = capsys.readouterr()
     fp = json.loads(out)
-    assert [need["stage"] for need in fp["stages"]] == STAGES and fp["fitting_nodes"] == 28
-    assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 28" in err
+    assert [need["stage"] for need in fp["stages"]] == STAGES and fp["fitting_nodes"] == 22
+    assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 22" in err
 
 
 def test_an_hf_parent_must_be_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.puzzle import gkd, parallel
-from tailor.compressor.puzzle.plan import Training
+from tailor.compressor.puzzle.plan import Distillation
 from tailor.compressor.puzzle.resume import Checkpoints
 
 
@@ -49,7 +49,7 @@ def test_a_killed_gkd_resumes_from_its_checkpoint(tiny_parent: Path, assembled: 
                                                   budget_bytes: float | None) -> None:
     parent = LazyDecoder(tiny_parent)
     train = torch.randint(0, parent.arch.vocab_size, (12, 32), generator=torch.Generator().manual_seed(0))
-    budget = Training(tokens=6 * 2 * 32, lr=1e-3, batch=2)  # 6 steps
+    budget = Distillation(tokens=6 * 2 * 32, lr=1e-3, batch=2)  # 6 steps
     lines: list[str] = []
 
     def run(out: Path, every: float, progress: object = lines.append) -> list[float]:
@@ -90,7 +90,7 @@ def test_a_killed_gkd_resumes_from_its_checkpoint(tiny_parent: Path, assembled: 
 def test_a_checkpoint_of_another_run_is_not_used(tiny_parent: Path, assembled: Path, tmp_path: Path) -> None:
     parent = LazyDecoder(tiny_parent)
     train = torch.randint(0, parent.arch.vocab_size, (12, 32), generator=torch.Generator().manual_seed(0))
-    budget = Training(tokens=4 * 2 * 32, lr=1e-3, batch=2)
+    budget = Distillation(tokens=4 * 2 * 32, lr=1e-3, batch=2)
     out = tmp_path / "child"
     lines: list[str] = []
 
@@ -103,3 +103,55 @@ def test_a_checkpoint_of_another_run_is_not_used(tiny_parent: Path, assembled: P
     gkd.distill(assembled, out, parent, tiny_parent, train, budget, 8, lines.append, None, 1e9)  # another seed
     assert any("is of another run (changed: seed); starting over" in line for line in lines)
     assert not any("resumed" in line for line in lines)
+
+
+def test_micro_batches_recomputed_layers_and_a_chunked_kl_train_the_same_child(
+        tiny_parent: Path, assembled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a 4,096-token, 131K-vocabulary step needs to fit (one row at a time, each layer's activations recomputed
+    in backward, the KL over chunks of tokens) is the same training: the same losses and child up to rounding."""
+    parent = LazyDecoder(tiny_parent)
+    train = torch.randint(0, parent.arch.vocab_size, (12, 32), generator=torch.Generator().manual_seed(0))
+    plain = gkd.distill(assembled, tmp_path / "plain" / "child", parent, tiny_parent, train,
+                        Distillation(tokens=4 * 4 * 32, lr=1e-3, batch=4), 7, lambda _: None, None, 1e9)
+    monkeypatch.setattr(gkd, "KL_TOKENS", 24)  # a row of 32 tokens in two chunks
+    frugal = gkd.distill(assembled, tmp_path / "frugal" / "child", parent, tiny_parent, train,
+                         Distillation(tokens=4 * 4 * 32, lr=1e-3, batch=4, micro_batch=1, recompute=True), 7,
+                         lambda _: None, None, 1e9)
+    assert frugal == pytest.approx(plain, rel=1e-3)  # BF16 autocast rounds other batch shapes otherwise
+    first, second = weights(tmp_path / "plain" / "child"), weights(tmp_path / "frugal" / "child")
+    assert all(torch.allclose(first[name].float(), second[name].float(), atol=1e-2) for name in first)
+
+
+def test_recomputed_layers_and_a_chunked_kl_save_a_fraction_for_backward(
+        tiny_parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes autograd saves for backward in one GKD loss, counted with saved-tensor hooks: with `recompute` and the
+    KL in chunks, the layers' inputs and their outputs for the cosine loss, not every layer's activations and
+    the whole [rows, seq, vocab] logits."""
+    from tailor.compressor.modeling import Decoder
+
+    model = LazyDecoder(tiny_parent).load().train()
+    ids = torch.randint(0, model.arch.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states: list[torch.Tensor] = []
+        logits = model(ids, states=states)
+
+    alive = {tensor.untyped_storage().data_ptr() for tensor in [logits, *states, *model.parameters()]}
+
+    def saved(child: Decoder, recompute: bool) -> int:
+        """Bytes of the storages saved for backward that the loss made (not its inputs, not the weights)."""
+        sizes: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in alive:
+                sizes[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            gkd.gkd_loss(child, ids, states, logits, 1.0, recompute)
+        return sum(sizes.values())
+
+    everything = saved(model, False)
+    monkeypatch.setattr(gkd, "KL_TOKENS", 16)
+    frugal = saved(model, True)
+    assert frugal < everything / 4, (frugal, everything)
