@@ -9,6 +9,7 @@ child's quality figures say only that the run completed, not how good Puzzle is.
 
     .venv/bin/python bench/compress_memory.py            # ~8 min on 2 cores: a 2.6B-parameter parent, 1.6 GiB
     .venv/bin/python bench/compress_memory.py --layers 4 --hidden 512 --intermediate 2048 --params 0.7  # a quick check
+    .venv/bin/python bench/compress_memory.py --layers 8 --hidden 512 --intermediate 2048 --scale 10  # 10x the data
 """
 
 from __future__ import annotations
@@ -92,16 +93,18 @@ def write_parent(folder: Path, config: dict[str, Any], tokenizer: Path) -> int:
     return arch.total_params
 
 
-def plan_for(parent: Path, family: str, budget_gib: float, params: float, device: str, text: str) -> dict[str, Any]:
+def plan_for(parent: Path, family: str, budget_gib: float, params: float, device: str, text: str,
+             scale: int = 1) -> dict[str, Any]:
+    """The bench's plan; `scale` multiplies its sequence length and every token budget."""
     library = ({"ffnWidths": [0.5], "kvHeads": [], "noOp": True} if family == "llama" else
                {"ffnWidths": [0.5], "mambaHeads": [0.5], "mambaHeadDims": [], "ssmStates": [0.75],
                 "expertWidths": [0.5], "expertsKept": [], "topK": [], "noOp": True})
-    return {"parent": str(parent), "data": {"seqLen": 64, "text": text}, "device": device,
+    return {"parent": str(parent), "data": {"seqLen": 64 * scale, "text": text}, "device": device,
             "target": {"gpu": "cpu", "params": params, "context": 128, "costs": "roofline"},
             "library": library,
-            "bld": {"tokens": 512, "lr": 0.001, "batch": 4}, "bldActivationTokens": 512,
-            "scoringTokens": 64, "evalTokens": 128, "gkd": {"tokens": 256, "lr": 0.0001, "batch": 4},
-            "measureTokens": 4, "budgetGiB": budget_gib}
+            "bld": {"tokens": 512 * scale, "lr": 0.001, "batch": 4}, "bldActivationTokens": 512 * scale,
+            "scoringTokens": 64 * scale, "evalTokens": 128 * scale,
+            "gkd": {"tokens": 256 * scale, "lr": 0.0001, "batch": 4}, "measureTokens": 4, "budgetGiB": budget_gib}
 
 
 def predicted(plan: Path, ranks: int, budget_gib: float, gpu: str) -> dict[str, int]:
@@ -137,6 +140,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (one rank per GPU)")
     parser.add_argument("--tokenizer", type=Path, help="a folder with tokenizer.json (default: SmolLM2's, fetched)")
     parser.add_argument("--text", default="shakespeare", help="data.text of the plan: 'shakespeare' or a folder")
+    parser.add_argument("--scale", type=int, default=1, help="multiplies the plan's sequence length (64) and every "
+                                                             "token budget")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-compress-memory")
     parser.add_argument("--keep-work", action="store_true", help="keep the work folder (parent, stages, children: "
                                                                  "some 20 GB at the default size)")
@@ -153,7 +158,7 @@ def main() -> int:
     parent_bytes = sum(f.stat().st_size for f in parent.glob("*.safetensors"))
     plan = args.work / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_for(parent, args.family, args.budget_gib, args.params, args.device,
-                                            args.text)))
+                                            args.text, args.scale)))
     gpu = "cpu" if args.device == "cpu" else "H200-141GB"
     expected = predicted(plan, args.ranks, args.budget_gib, gpu)
     out = args.work / "out"
@@ -176,7 +181,7 @@ def main() -> int:
     rows += [{"stage": stage, "memory": kind, "per_rank": [figures[kind]] + [None] * (args.ranks - 1),
               "at_start": [figures.get(f"{kind}_at_start")], "predicted": None, "seconds": figures.get("seconds")}
              for stage, figures in after.items()]
-    result = {"family": args.family, "parent_params": params, "parent_bytes_bf16": parent_bytes,
+    result = {"family": args.family, "scale": args.scale, "parent_params": params, "parent_bytes_bf16": parent_bytes,
               "parent_bytes_fp32": 4 * params,
               "budget_bytes": budget, "ranks": args.ranks, "device": args.device, "wall_seconds": wall,
               "child_params": report["child"]["params"], "child_perplexity": report["child"]["quality"]["perplexity"],

@@ -40,7 +40,7 @@ from tailor.compressor.checkpoint import (
 )
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, HybridLayer, Layer, Rotary, Slot
-from tailor.compressor.puzzle.footprint import HEAD_SLICE
+from tailor.compressor.puzzle.footprint import HEAD_SLICE, LAYER_TOKENS
 from tailor.compressor.puzzle.peaks import release_freed_memory
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -280,10 +280,12 @@ def _rebuild(module: nn.Module) -> nn.Module:
 
 
 def sweep(model: LazyDecoder, x: torch.Tensor, visit: Callable[[Slot, torch.Tensor], None] | None = None,
-          start: int = 0, rows: int = 8) -> torch.Tensor:
-    """The residual stream `x` (entering slot `start`) through the rest of the model, one layer resident at a
-    time, `rows` sequences per call; `visit(slot, x)` sees the stream entering every slot."""
-    slots = model.slots()[start:]
+          ) -> torch.Tensor:
+    """The residual stream `x` (entering the first slot) through the model, one layer resident at a time,
+    LAYER_TOKENS tokens (whole sequences, at least one) per call; `visit(slot, x)` sees the stream entering every
+    slot."""
+    slots = model.slots()
+    rows = max(1, LAYER_TOKENS // x.shape[1])
     for layer_index in sorted({slot.layer for slot in slots}):
         layer = model.layer(layer_index)
         with torch.no_grad():

@@ -33,7 +33,9 @@ MFU = 0.35  # assumption: the share of the profile's dense peak the stages reach
 TF32_SHARE = 0.5  # a float32 matmul on a GPU runs on TF32 tensor cores at half the BF16 peak (A100, H100, B200)
 LAYER_TOKENS = 1024  # tokens (whole sequences, at least one) a layer runs at once when capturing and scoring
 HEAD_TOKENS = 1024  # tokens (whole sequences, at least one) whose logits scoring holds at once
-CHUNK_TOKENS = 128  # tokens whose logits (and KL's temporaries, a few times their size) are held when evaluating
+CHUNK_TOKENS = 128  # tokens (whole sequences, at least one) whose logits evaluation holds at once
+WHOLE_MODEL_BYTES = 10  # per parameter of a model loaded whole to time its decoding: float32, then a BF16 copy
+                        # made through another float32 one (`pipeline.fits`, `evaluate.decode_tokens_per_second`)
 STORED_BYTES = 2  # per parameter of the embedding and LM head, kept as checkpoints store them (BF16)
 HEAD_SLICE = 8192  # vocabulary rows of a kept-as-stored LM head widened to float32 at a time (`lazy.StoredHead`)
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
@@ -42,8 +44,11 @@ CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache on
 TRAIN_BYTES = 18  # per trained parameter: float32 weight, its gradient, AdamW's two moments, a BF16 autocast copy
 SHARDED_TRAIN_BYTES = 16  # per parameter of GKD's sharded child: float32 weight, gradient, AdamW's two moments
 KL_TOKENS = 4096  # tokens whose logits GKD's loss holds at once (`gkd.chunked_kl`)
-KL_LOGITS = 7  # [rows, seq, vocab] float32 tensors alive at GKD's loss (measured on the CPU: logits, both
-               # log-softmaxes, their gradients)
+KL_LOGITS = 7  # [tokens, vocab] float32 tensors alive at scoring's and evaluation's KL (both models' logits and
+               # log-softmaxes, the product; within 5% of the 10x compress bench's peaks)
+GKD_KL_LOGITS = 5.3  # measured (`bench/gkd_memory.py`): what a row of GKD's loss costs beyond its saved
+                     # activations, in [tokens, vocab] float32 tensors (the child's logits, both log-softmaxes,
+                     # their gradients; the teacher's float32 logits are counted apart only in BF16)
 EVAL_ROWS = 8  # captured rows a BLD no-grad pass runs at once (`bld.EVAL_ROWS`)
 MAMBA_CHUNK = 256  # tokens per quadratic Mamba-2 scan (`mamba.CHUNK`)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's dense peak (BF16 for what trains "
@@ -290,7 +295,7 @@ class _Model:
                 "variant outputs": self._streams(math.ceil(self.variants / ranks), self.stream_bytes(tokens)),
                 "residual stream": self.stream_bytes(tokens), "reference stream": self.stream_bytes(tokens),
                 "a layer's working set": self.layer_rows_tokens() * self.worst_inference_per_token(),
-                "logits chunk": 5 * head_tokens * self.arch.vocab_size * 4}
+                "logits chunk": KL_LOGITS * head_tokens * self.arch.vocab_size * 4}
 
     def _streams(self, count: int, each: int) -> int:
         """Variant streams a scoring sweep holds: as many as WORKING_SHARE of the budget takes (at least one)."""
@@ -320,8 +325,8 @@ class _Model:
                  "teacher block": self.lmax,
                  "activations for backward": held * saved,
                  "child layer states (cosine loss)": held * self.hidden * 4 * self.layers,
-                 "teacher logits": held * arch.vocab_size * self.fb,
-                 "logits and the KL's temporaries": KL_LOGITS * min(held, KL_TOKENS) * arch.vocab_size * 4,
+                 "teacher logits (bf16)": held * arch.vocab_size * 2 if self.fb == 2 else 0,  # else among the 7
+                 "logits and the KL's temporaries": round(GKD_KL_LOGITS * min(held, KL_TOKENS) * arch.vocab_size * 4),
                  "batch row indices": 8 * per_step * steps}
         if teacher_is_sharded(self.fb * arch.total_params, self.child, self.block_max, ranks, self.budget):
             return {**parts, "teacher shard": round(self.fb * arch.total_params / ranks),
@@ -336,10 +341,22 @@ class _Model:
         return round(min(every_row, max(step, WORKING_SHARE * self.budget)))
 
     def evaluation(self) -> dict[str, int]:
-        """One model and one LM head at a time (`evaluate.logit_chunks`), CHUNK_TOKENS tokens of logits."""
-        return {"largest block": self.lmax, "LM head": self.head,
-                "activations": self.stream_bytes(self.plan.eval_tokens),
-                "logits chunks": 5 * CHUNK_TOKENS * self.arch.vocab_size * 4}
+        """The larger of its two passes. Quality: one model and one LM head at a time (`evaluate.logit_chunks`),
+        the stream of every evaluation token in and out of a layer, CHUNK_TOKENS tokens (whole sequences, at
+        least one) of logits with the KL's temporaries. Decode timing, for models that fit the budget whole
+        (`pipeline.fits`): the whole model, a BF16 copy on the way, and the prompt's BF16 logits."""
+        arch, plan = self.arch, self.plan
+        chunk = max(1, CHUNK_TOKENS // self.seq) * self.seq
+        quality = {"largest block": self.lmax, "LM head": self.head,
+                   "streams of the evaluation tokens, in and out": 2 * self.stream_bytes(plan.eval_tokens),
+                   "a layer's working set": self.layer_rows_tokens() * self.worst_inference_per_token(),
+                   "logits chunks": KL_LOGITS * chunk * arch.vocab_size * 4}
+        if WHOLE_MODEL_BYTES * arch.total_params >= self.budget:
+            return quality
+        context = min(plan.target.context, plan.measure_context)
+        timing = {"whole model for the decode timing": WHOLE_MODEL_BYTES * arch.total_params,
+                  "prompt logits (bf16)": plan.target.batch * context * arch.vocab_size * 2}
+        return timing if sum(timing.values()) > sum(quality.values()) else quality
 
     def stage_files(self) -> dict[str, int]:
         """What the stages keep on the claim at their largest: the token windows, one round's captured streams

@@ -53,7 +53,7 @@ from tailor.compressor.puzzle.calibration import (
 )
 from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import Quality, decode_tokens_per_second, qualities
-from tailor.compressor.puzzle.footprint import WORKING_SHARE
+from tailor.compressor.puzzle.footprint import WHOLE_MODEL_BYTES, WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.options import is_hybrid
 from tailor.compressor.puzzle.plan import CostSource, FrozenDtype, Plan, Target
@@ -175,7 +175,7 @@ def fits(arch: Architecture, plan: Plan, device: torch.device) -> bool:
     """Whether a whole model may be loaded to time its decoding: its float32 weights, a float32 copy on the way
     to a BF16 one, and the BF16 one, within the rank's budget (`rank_budget`)."""
     budget = rank_budget(plan, device)
-    return budget is None or 10 * arch.total_params < budget
+    return budget is None or WHOLE_MODEL_BYTES * arch.total_params < budget
 
 
 def _figures(model: LazyDecoder, found: Quality, plan: Plan) -> ModelFigures:
