@@ -67,9 +67,9 @@ def test_stage_pods_are_not_best_effort_are_limited_in_memory_and_multi_gpu_pods
                                                            "nvidia.com/gpu": "8"}
     footprint = compression_need(4 * 2**30)  # a CPU run whose ranks hold 4 GiB at their peak stage, as modelled
     (cpu,) = stage_job(OWNER, "compress", 3, JobSettings(image="i", host=footprint), B200, "claim", "plan")
-    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {  # 4 GiB and 3 undercounted, x 1.25
-        "requests": {"cpu": "500m", "memory": "7168Mi", "nvidia.com/gpu": "1"},
-        "limits": {"memory": "8960Mi", "nvidia.com/gpu": "1"}}
+    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {  # 4 GiB and 1 undercounted, x 1.25
+        "requests": {"cpu": "500m", "memory": "5120Mi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "6400Mi", "nvidia.com/gpu": "1"}}
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
