@@ -222,7 +222,7 @@ class Round:
         """Variant streams one scoring sweep may hold: WORKING_SHARE of the budget (all of them without one)."""
         if budget is None:
             return 10**6
-        stream = splits.scoring.numel() * current.arch.hidden_size * 4
+        stream = splits.scoring.numel() * current.arch.hidden_size * current.dtype.itemsize
         return max(1, int(WORKING_SHARE * budget // stream))
 
     def costs(self, pricer: Pricer, variants: list[list[Variant]]) -> dict[str, Price]:
