@@ -279,20 +279,26 @@ def _rebuild(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module)
 
 
+@torch.no_grad()
+def run_rows(layer: Layer | HybridLayer, slot: Slot, x: torch.Tensor) -> torch.Tensor:
+    """The stream `x` after `slot` of `layer`, LAYER_TOKENS tokens (whole sequences, at least one) per call."""
+    rows = max(1, LAYER_TOKENS // x.shape[1])
+    return torch.cat([layer.run_branch(slot.kind, x[i:i + rows]) for i in range(0, x.shape[0], rows)])
+
+
 def sweep(model: LazyDecoder, x: torch.Tensor, visit: Callable[[Slot, torch.Tensor], None] | None = None,
           ) -> torch.Tensor:
     """The residual stream `x` (entering the first slot) through the model, one layer resident at a time,
     LAYER_TOKENS tokens (whole sequences, at least one) per call; `visit(slot, x)` sees the stream entering every
     slot."""
     slots = model.slots()
-    rows = max(1, LAYER_TOKENS // x.shape[1])
     for layer_index in sorted({slot.layer for slot in slots}):
         layer = model.layer(layer_index)
         with torch.no_grad():
             for slot in (s for s in slots if s.layer == layer_index):
                 if visit is not None:
                     visit(slot, x)
-                x = torch.cat([layer.run_branch(slot.kind, x[i:i + rows]) for i in range(0, x.shape[0], rows)])
+                x = run_rows(layer, slot, x)
         del layer
     return x
 

@@ -22,10 +22,8 @@ from safetensors import SafetensorError, safe_open
 
 from tailor.compressor.checkpoint import CheckpointError
 from tailor.compressor.files import save_tensors
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.modeling import HybridLayer, Layer, Slot
+from tailor.compressor.lazy import LazyDecoder, run_rows
 from tailor.compressor.puzzle import parallel, tokens
-from tailor.compressor.puzzle.footprint import LAYER_TOKENS
 
 Progress = Callable[[str], None]
 FINAL = "final.safetensors"
@@ -54,12 +52,6 @@ def _save(path: Path, stream: torch.Tensor) -> None:
     save_tensors(path, {STREAM: stream})
 
 
-@torch.no_grad()
-def _run(layer: Layer | HybridLayer, slot: Slot, x: torch.Tensor) -> torch.Tensor:
-    rows = max(1, LAYER_TOKENS // x.shape[1])  # whole sequences, at least one
-    return torch.cat([layer.run_branch(slot.kind, x[i:i + rows]) for i in range(0, x.shape[0], rows)])
-
-
 def capture(model: LazyDecoder, train: torch.Tensor, rows: int, scoring: torch.Tensor, folder: Path,
             chunk_rows: int, progress: Progress) -> None:
     """Rank 0 writes every slot's inputs for the first `rows` windows of `train` (memory-mapped token ids) and
@@ -81,8 +73,8 @@ def capture(model: LazyDecoder, train: torch.Tensor, rows: int, scoring: torch.T
                 after = slot.index + 1
                 if after < len(slots):  # the training rows after the last slot are not needed
                     for chunk, path in enumerate(chunk_files(folder, slot.index)):
-                        _save(_chunk_file(folder, after, chunk), _run(layer, slot, load(path, model.device)))
-                scored = _run(layer, slot, load(scoring_file(folder, slot.index), model.device))
+                        _save(_chunk_file(folder, after, chunk), run_rows(layer, slot, load(path, model.device)))
+                scored = run_rows(layer, slot, load(scoring_file(folder, slot.index), model.device))
                 _save(scoring_file(folder, after) if after < len(slots) else folder / FINAL, scored)
                 if slot.index % 10 == 0:
                     progress(f"capture: slot {slot.index + 1}/{len(slots)}, {chunks} chunk(s) of {chunk_rows} rows")

@@ -149,17 +149,17 @@ def chunked_kl(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     """The sum over tokens of KL(teacher || child) on the logits, the child's from its last stream `x` through
     `head`, KL_TOKENS tokens at a time; with more than one chunk, each chunk's logits are recomputed in backward,
     so only one chunk's are ever held."""
-    tokens = x.reshape(-1, x.shape[-1])
+    flat = x.reshape(-1, x.shape[-1])  # [tokens, hidden]
     teacher = teacher_logits.reshape(-1, teacher_logits.shape[-1])
 
     def part(rows: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
         return F.kl_div(F.log_softmax(head(rows).float(), -1), F.log_softmax(wanted.float(), -1), log_target=True,
                         reduction="sum")
 
-    if tokens.shape[0] <= KL_TOKENS:
-        return part(tokens, teacher)
-    return sum((checkpoint(part, tokens[i:i + KL_TOKENS], teacher[i:i + KL_TOKENS], use_reentrant=False)
-                for i in range(0, tokens.shape[0], KL_TOKENS)), torch.zeros((), device=x.device))
+    if flat.shape[0] <= KL_TOKENS:
+        return part(flat, teacher)
+    return sum((checkpoint(part, flat[i:i + KL_TOKENS], teacher[i:i + KL_TOKENS], use_reentrant=False)
+                for i in range(0, flat.shape[0], KL_TOKENS)), torch.zeros((), device=x.device))
 
 
 def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tensor], teacher_logits: torch.Tensor,
