@@ -40,6 +40,7 @@ from tailor.compressor.checkpoint import (
 )
 from tailor.compressor.files import staged_folder
 from tailor.compressor.modeling import Decoder, HybridLayer, Layer, Rotary, Slot
+from tailor.compressor.moe import PROJECTIONS, Experts, expert_names
 from tailor.compressor.puzzle.footprint import HEAD_SLICE, LAYER_TOKENS
 from tailor.compressor.puzzle.peaks import release_freed_memory
 
@@ -161,17 +162,33 @@ class LazyDecoder:
     def tensors(self, names: list[str], strip: str = "", dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The named tensors, read from their files in the compute dtype (or `dtype`: BF16 to copy them into a
         checkpoint); `strip` removed from the names."""
+        return {name.removeprefix(strip): tensor for name, tensor in self._read(names, dtype)}
+
+    def stacked(self, prefix: str, projection: str, experts: int) -> torch.Tensor:
+        """One projection of the routed experts under `prefix` as `moe.Experts` holds it, [experts, out, in],
+        read an expert at a time into place: a layer's experts are never held twice."""
+        names = expert_names(prefix, projection, experts)
+        position = {name: index for index, name in enumerate(names)}
+        out: torch.Tensor | None = None
+        for name, tensor in self._read(names):
+            if out is None:
+                out = torch.empty((experts, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+            out[position[name]] = tensor
+        assert out is not None
+        return out
+
+    def _read(self, names: list[str], dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) a tensor at a time, file by file."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self.files[name], []).append(name)
-        out: dict[str, torch.Tensor] = {}
         for file, wanted in by_file.items():
             try:
                 with safe_open(str(file), framework="pt") as handle:
                     for name in wanted:
                         tensor = handle.get_tensor(name)
                         if self._as_stored(name, tensor):  # quantized weights and their scales
-                            out[name.removeprefix(strip)] = tensor.to(self.device)
+                            yield name, tensor.to(self.device)
                             continue
                         if tuple(tensor.shape) != self.shapes[name]:
                             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
@@ -179,12 +196,22 @@ class LazyDecoder:
                         if name.endswith("e_score_correction_bias"):
                             # kept as stored, and copied: a view would keep the file mapped, and with it every
                             # page this layer's conversions read
-                            out[name.removeprefix(strip)] = tensor.to(self.device, copy=True)
+                            yield name, tensor.to(self.device, copy=True)
                             continue
-                        out[name.removeprefix(strip)] = tensor.to(self.device, dtype or self.dtype)
+                        yield name, tensor.to(self.device, dtype or self.dtype)
             except (SafetensorError, OSError) as error:
                 raise CheckpointError(f"{file}: unreadable safetensors file ({error})") from error
-        return out
+
+    def _layer_state(self, module: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors of layer `module` (named from `prefix` in the files) as it loads them: stacked experts
+        read into their stacked form (`stacked`), the rest by name."""
+        experts = {f"{name}.": len(sub) for name, sub in module.named_modules() if isinstance(sub, Experts)}
+        plain = [name for name in module.state_dict() if not name.startswith(tuple(experts))]
+        state = self.tensors([prefix + name for name in plain], strip=prefix)
+        for inner, count in experts.items():
+            for projection in PROJECTIONS:
+                state[inner + projection] = self.stacked(prefix + inner, projection, count)
+        return state
 
     def _as_stored(self, name: str, tensor: torch.Tensor) -> bool:
         return self.quantized and (name.endswith(SCALE_SUFFIXES) or tensor.dtype in (torch.uint8, torch.float8_e4m3fn))
@@ -208,7 +235,7 @@ class LazyDecoder:
         module = self.skeleton.layers[index]
         fresh = _rebuild(module)
         if not self.quantized:
-            materialise(fresh, self.tensors([f"{prefix}{name}" for name in module.state_dict()], strip=prefix))
+            materialise(fresh, self._layer_state(module, prefix))
         else:
             from tailor.compressor.quantize.restore import (
                 QuantizedCheckpointError,

@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from tailor.compressor.checkpoint import read_config
 from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
 from tailor.compressor.modeling import Decoder
+from tailor.compressor.moe import PROJECTIONS, split_stacked
 from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.footprint import KL_TOKENS, WORKING_SHARE, block_params, teacher_is_sharded
@@ -132,8 +133,7 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
     names = {id(p): name for name, p in reversed(list(child.named_parameters(remove_duplicate=False)))}
     with torch.no_grad():
         for param in child.parameters():
-            name = names[id(param)]
-            full = lazy.tensors([name])[name]  # a tied head is named as the embedding here
+            full = _stored(lazy, names[id(param)], param)  # a tied head is named as the embedding here
             assert isinstance(param, DTensor)
             param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
             del full
@@ -241,6 +241,14 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     return losses
 
 
+def _stored(lazy: LazyDecoder, name: str, param: torch.Tensor) -> torch.Tensor:
+    """Parameter `name` as `lazy` stores it: stacked experts are stored one by one."""
+    prefix, _, projection = name.rpartition(".")
+    if not (prefix.endswith(".experts") and projection in PROJECTIONS):
+        return lazy.tensors([name])[name]
+    return lazy.stacked(f"{prefix}.", projection, param.shape[0])
+
+
 @torch.no_grad()
 def _write(child: Decoder, out: Path, parent_folder: Path, child_folder: Path) -> None:
     """Every rank gathers one layer at a time; rank 0 writes it."""
@@ -260,7 +268,10 @@ def _write(child: Decoder, out: Path, parent_folder: Path, child_folder: Path) -
         with sharded_checkpoint(out, {k: v for k, v in config.items() if k != "torch_dtype"}, parent_folder,
                                 len(groups)) as writer:
             for group in groups:
-                writer.add({name: gather(value) for name, value in group})
+                tensors = {name: gather(value) for name, value in group}
+                for prefix in {name.rpartition(".")[0] + "." for name in tensors}:
+                    split_stacked(tensors, prefix)
+                writer.add(tensors)
     else:
         for group in groups:
             for _, value in group:

@@ -39,13 +39,19 @@ from tailor.compressor.checkpoint import (
 from tailor.compressor.files import write_json
 from tailor.compressor.memory import KvDtype, QuantRecipe
 from tailor.compressor.modeling import Decoder, SelfAttention
-from tailor.compressor.moe import MixtureOfExperts
+from tailor.compressor.moe import PROJECTIONS, ExpertList, Experts, MixtureOfExperts, unstack_experts
 from tailor.compressor.quantize.recipes import tensor_group
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:
-    """Names of the linear layers (plain or carrying modelopt quantizers)."""
-    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    """Names of the linear layers (plain or carrying modelopt quantizers), stacked experts named one by one."""
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            names.append(name)
+        elif isinstance(module, Experts):
+            names += [f"{name}.{expert}.{projection}" for expert in range(len(module)) for projection in PROJECTIONS]
+    return names
 
 
 @torch.no_grad()
@@ -55,9 +61,10 @@ def calibrate(model: Decoder, recipe: QuantRecipe, forward_loop: Callable[[Decod
     runs the calibration data through it); return the names of the quantized layers. Raises if the preset and
     the recipe disagree. With an FP8 `kv_cache`, every attention layer's keys and values get modelopt's FP8 KV
     quantizers too (`FP8_KV_CFG`). Experts no calibration token reached take their layer's largest input scale
-    (`_share_expert_input_scales`)."""
+    (`_share_expert_input_scales`). Experts are unstacked first, as modelopt quantizes `nn.Linear` modules."""
     if recipe.modelopt_config is None:
         raise ValueError(f"recipe {recipe.name} quantizes nothing")
+    unstack_experts(model)
     preset = copy.deepcopy(getattr(mtq, recipe.modelopt_config))
 
     with contextlib.redirect_stdout(sys.stderr):  # modelopt prints; stdout carries the report
@@ -91,7 +98,8 @@ def _share_expert_input_scales(model: Decoder, progress: Callable[[str], None]) 
     for name, moe in model.named_modules():
         if not isinstance(moe, MixtureOfExperts):
             continue
-        for projection in ("up_proj", "down_proj"):
+        assert isinstance(moe.experts, ExpertList)  # `calibrate` unstacked them
+        for projection in PROJECTIONS:
             quantizers = [getattr(expert, projection).input_quantizer for expert in moe.experts]
             enabled = [q for q in quantizers if q.is_enabled]
             seen = [q.amax for q in enabled if q.amax is not None]

@@ -18,6 +18,7 @@ from torch import nn
 
 from tailor.compressor.checkpoint import QUANT_ALGORITHMS, read_quant_config
 from tailor.compressor.modeling import SelfAttention
+from tailor.compressor.moe import unstack_experts
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
 
@@ -31,7 +32,9 @@ def swap_quantized_layers(model: nn.Module, tensors: dict[str, torch.Tensor], fo
     """Replace each linear layer the export quantized by its `Nvfp4Linear` / `Fp8Linear`, computing in `dtype`
     (their scales stay float32); return the format of each replaced layer. `model` may be one part of the
     exported model (a layer), whose checkpoint names start with `prefix`; `tensors` are named relative to it.
-    Call `refresh_quantized` after loading the state dict."""
+    Call `refresh_quantized` after loading the state dict. Stacked experts are unstacked first: the export
+    quantized each expert's `nn.Linear`."""
+    unstack_experts(model)
     source = folder / "hf_quant_config.json"
     section = read_quant_config(folder)["quantization"]
     expected = QUANT_ALGORITHMS[section["quant_algo"]]

@@ -3,6 +3,7 @@ load back whole."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from tailor.compressor.checkpoint import CheckpointError, load_decoder, read_config
 from tailor.compressor.lazy import INDEX_FILE, LazyDecoder, sharded_checkpoint, sweep
+from tailor.compressor.moe import Experts
 
 
 @pytest.mark.parametrize("which", ["tiny_parent", "tiny_hybrid"])
@@ -48,3 +50,25 @@ def test_a_missing_tensor_is_named(tiny_parent: Path, tmp_path: Path) -> None:
         writer.add(lazy.tensors([name for name in lazy.files if not name.endswith("layers.1.mlp.up_proj.weight")]))
     with pytest.raises(CheckpointError, match=r"missing: model\.layers\.1\.mlp\.up_proj\.weight"):
         LazyDecoder(tmp_path / "broken")
+
+
+def test_stacked_experts_are_read_in_expert_order_whatever_file_holds_each(tiny_hybrid: Path, tmp_path: Path) -> None:
+    """A layer's routed experts are read an expert at a time into their stacked tensor (`LazyDecoder.stacked`),
+    checkpoints keeping any expert in any shard."""
+    lazy = LazyDecoder(tiny_hybrid)
+    odd = [name for name in lazy.files if re.search(r"\.experts\.\d*[13579]\.", name)]
+    assert odd
+    groups = [odd, [name for name in lazy.files if name not in odd]]  # experts 1, 3, ... in the first file
+    with sharded_checkpoint(tmp_path / "copy", read_config(tiny_hybrid), tiny_hybrid, len(groups)) as writer:
+        for names in groups:
+            writer.add(lazy.tensors(names))
+    copy = LazyDecoder(tmp_path / "copy")
+    for index in range(len(lazy.arch.blocks)):
+        ours, theirs = copy.layer(index).state_dict(), lazy.layer(index).state_dict()
+        assert list(ours) == list(theirs) and all(torch.equal(ours[name], theirs[name]) for name in ours)
+    stacked = [(index, name, module) for index in range(len(lazy.arch.blocks))
+               for name, module in copy.layer(index).named_modules() if isinstance(module, Experts)]
+    assert stacked
+    original = load_decoder(tiny_hybrid).state_dict()
+    for index, name, module in stacked:
+        assert torch.equal(module.up_proj[1], original[f"{lazy.layer_prefix(index)}{name}.1.up_proj.weight"])

@@ -25,6 +25,7 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.lazy import LazyDecoder, sweep
 from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
 from tailor.compressor.modeling import Decoder
+from tailor.compressor.moe import unstack_experts
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
 from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
@@ -183,6 +184,7 @@ def test_the_hybrid_preset_quantizes_exactly_the_recipes_groups(tmp_path: Path) 
     for projection in ("up_proj", "down_proj"):  # it takes its layer's largest input scale (W4A4 needs one)
         scales = [stored[f"backbone.layers.2.mixer.experts.{e}.{projection}.input_scale"] for e in range(4)]
         assert torch.equal(scales[3], torch.stack(scales[:3]).amax(0))
+    unstack_experts(model)  # one nn.Linear per expert, as exported
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert sorted(layers) == sorted(n for n in linear if tensor_group(n) in recipe.quantized)
     assert "backbone.layers.0.mixer.in_proj" in layers and "backbone.layers.2.mixer.experts.3.down_proj" in layers
