@@ -29,8 +29,10 @@ from tailor.compressor.serving.engines import ENGINE_ARGS_FILE
 
 READY_TIMEOUT_S = 300.0
 VLLM_VENV_VARIABLE = "TAILOR_VLLM_VENV"
-# vLLM's CPU build: every core runs the model (by default it keeps one back), and no model hub
-VLLM_CPU_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
+# vLLM's CPU build: every core runs the model (by default it keeps one back), and no model hub. The engine runs
+# niced (vllm_backend.ENGINE_NICE_VARIABLE): its threads take every core they can, and Triton abandons a model
+# whose Python stub misses a one-second health check while `initialize` starts the engine.
+VLLM_CPU_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1", "TAILOR_ENGINE_NICE": "10"}
 STOP_TIMEOUT_S = 30.0
 
 

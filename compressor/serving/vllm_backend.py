@@ -41,6 +41,7 @@ import triton_python_backend_utils as pb_utils
 
 FINALIZE_WAIT_S = 600  # the longest an unload waits for the requests in the engine (drainSeconds' default)
 IPC_FOLDER_MAX = 64  # the socket names vLLM adds are 37 characters (a slash and a UUID)
+ENGINE_NICE_VARIABLE = "TAILOR_ENGINE_NICE"  # the engine's niceness (CPU pools): Triton's health checks come first
 
 # The stub's embedded interpreter keeps the C locale, so files open as ASCII; torch reads its kernel templates
 # (UTF-8) with the default encoding when vLLM imports it.
@@ -93,6 +94,8 @@ class TritonPythonModel:
         self.thread.start()
 
         async def start() -> AsyncLLM:  # on the loop's thread, where its output handler runs
+            # Linux nices a thread, and the processes it starts: the engine's, not the stub's health thread
+            os.nice(int(os.environ.get(ENGINE_NICE_VARIABLE, "0")))
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[
                 lambda config, index=0: TritonMetrics(labels)])
 

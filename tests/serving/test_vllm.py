@@ -206,3 +206,29 @@ def test_vllms_metrics_are_on_tritons_metrics_port(server: RunningServer) -> Non
                  "vllm:inter_token_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
         assert f'{name}{{model="child",version="1"}}' in text
     assert metrics(server, "vllm:generation_tokens_total", "child") >= 4
+
+
+def _nice(stat: str) -> int:
+    """The niceness field of a /proc stat line (the 19th; the command name may hold spaces)."""
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_the_engine_runs_niced_below_tritons_health_checks(server: RunningServer) -> None:
+    """Triton abandons a model whose Python stub misses a one-second health check during `initialize` (which
+    starts the engine): on a busy CPU the engine's processes yield to the stub's threads and tritonserver's."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    stubs = [pid for pid in children.get(server.process.pid, [])
+             if "triton_python_backend_stub" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(stubs) == 2  # one per model
+    assert _nice(Path(f"/proc/{server.process.pid}/stat").read_text()) == 0
+    for stub in stubs:
+        threads = {_nice(task.read_text()) for task in Path(f"/proc/{stub}/task").glob("*/stat")}
+        assert 0 in threads and 10 in threads  # its own threads, and the engine's event loop thread
+        engines = children.get(stub, [])
+        assert engines and all(_nice(Path(f"/proc/{pid}/stat").read_text()) == 10 for pid in engines)
