@@ -1,7 +1,8 @@
 """How far a running stage is, read from the end of its pod's log.
 
-Design: the stages already log their steps (`bld: 412/1536 ... eta 11400s`, `scoring: 40/96 variants, eta 300s`,
-`gkd: step 120/400, ... eta 3000s`, and `roundN.<step>: start` as each part of a Puzzle round begins). The operator
+Design: the stages already log their steps (`round1.bld: 412/1536 ... eta 11400s`, `round1.scoring: 40/96
+variants, eta 300s`, `round1.gkd: step 120/400, ... eta 3000s`: a Puzzle round's lines name it, and
+`roundN.<step>: start` begins each part of it; older logs named the round only there). The operator
 reads the last lines of the running stage's rank-0 pod through the API server (`pods/log`, the operator's right;
 the kubelet serves it), on each pass while the stage runs (every 10 s), and turns the last step line into
 the stage's progress and message. The stage pods get no API rights at all, as before, and nothing is written
@@ -16,9 +17,10 @@ import re
 from pydantic import BaseModel
 
 LOG_TAIL_LINES = 60
-# `[  12.3s] rank 0 bld: 3/12 ...` (the rank appears when there are several); a word may come first (`step`, `slot`)
-STEP = re.compile(r"^\[\s*[\d.]+s\](?: rank \d+)? (?P<step>[a-z][\w-]*): (?:[a-z]+ )?(?P<done>\d+)/(?P<total>\d+)\b"
-                  r"(?P<unit> variants)?.*?(?:eta (?P<eta>\d+)s)?$")
+# `[  12.3s] rank 0 round2.bld: 3/12 ...` (the rank appears when there are several, the round within a Puzzle
+# round); a word may come first (`step`, `slot`)
+STEP = re.compile(r"^\[\s*[\d.]+s\](?: rank \d+)? (?:round(?P<round>\d+)\.)?(?P<step>[a-z][\w-]*): (?:[a-z]+ )?"
+                  r"(?P<done>\d+)/(?P<total>\d+)\b(?P<unit> variants)?.*?(?:eta (?P<eta>\d+)s)?$")
 ROUND = re.compile(r"^\[\s*[\d.]+s\](?: rank \d+)? round(?P<round>\d+)\.")
 
 
@@ -58,8 +60,9 @@ def parse(log: str) -> StepProgress | None:
         match = STEP.match(lines[index])
         if match is None or int(match["done"]) > int(match["total"]):  # not a count of steps (e.g. token splits)
             continue
-        round_number = next((int(found["round"]) for line in reversed(lines[:index])
-                             if (found := ROUND.match(line)) is not None), None)
+        round_number = int(match["round"]) if match["round"] else next(
+            (int(found["round"]) for line in reversed(lines[:index]) if (found := ROUND.match(line)) is not None),
+            None)
         return StepProgress(step=match["step"], done=int(match["done"]), total=int(match["total"]),
                             unit=match["unit"] or "", eta_s=int(match["eta"]) if match["eta"] else None,
                             round=round_number)

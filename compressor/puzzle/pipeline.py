@@ -25,7 +25,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,12 @@ class Log:
         rank, world = parallel.rank_world()
         prefix = f"[{time.monotonic() - self.started:7.1f}s]" + (f" rank {rank}" if world > 1 else "")
         print(f"{prefix} {message}", file=sys.stderr, flush=True)
+
+    def in_round(self, number: int) -> Callable[[str], None]:
+        """This log for a round's steps: each line names its round (`round2.bld: 412/1536 ...`), so the end of
+        the log says which round is running however many lines the round has written (the operator reads the
+        last lines for a stage's progress)."""
+        return lambda message: self(f"round{number}.{message}")
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -214,7 +220,8 @@ class Round:
         known = {k: Score.model_validate(v) for k, v in _read_json(path).items()} if path.exists() else {}
         with self._stage("scoring"):
             mine = score_variants(current, variants, self.folder / "bld", self.folder / "activations",
-                                  splits.scoring, known, self.log, self._streams(current, splits, budget))
+                                  splits.scoring, known, self.log.in_round(self.number),
+                                  self._streams(current, splits, budget))
             return gather_scores(path, mine, known)
 
     @staticmethod
@@ -359,9 +366,10 @@ def compress(plan: Plan, out: Path) -> Report | None:
             continue
         with log.stage(f"round{number}.capture"):
             activations.capture(current, splits.train, bld_rows, splits.scoring, folder / "activations",
-                                max(1, plan.activation_chunk_tokens // plan.data.seq_len), log)
+                                max(1, plan.activation_chunk_tokens // plan.data.seq_len), log.in_round(number))
         with log.stage(f"round{number}.bld"):
-            nmse = run_bld(current, variants, folder / "activations", plan.bld, folder / "bld", plan.seed, log)
+            nmse = run_bld(current, variants, folder / "activations", plan.bld, folder / "bld", plan.seed,
+                           log.in_round(number))
         scores = step.scores(current, variants, splits, rank_budget(plan, device))
         summary: dict[str, Any] = {}
         if parallel.is_main():
@@ -370,7 +378,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
         budget = plan.gkd.model_copy(update={"tokens": max(1, plan.gkd.tokens // plan.rounds)})
         with log.stage(f"round{number}.gkd"):
             losses = gkd.distill(folder / "assembled", finished, parent, parent_dir, splits.train, budget,
-                                 plan.seed + number, log, rank_budget(plan, device), 60 * plan.checkpoint_minutes)
+                                 plan.seed + number, log.in_round(number), rank_budget(plan, device),
+                                 60 * plan.checkpoint_minutes)
         if parallel.is_main():
             summary_model = RoundSummary(
                 round=number, target=target.model_dump(include={"throughput", "latency", "memory_gib", "params",

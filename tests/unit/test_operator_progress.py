@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailor.operator.progress import StepProgress, duration, parse
+from tailor.operator.progress import LOG_TAIL_LINES, StepProgress, duration, parse
 
 COMPRESS_LOG = """\
 [   3.1s] data: 9000/512/512 tokens (train, scoring, evaluation)
@@ -23,12 +23,23 @@ def test_the_last_step_line_and_its_round_give_the_stage_progress() -> None:
 
 
 def test_every_stage_line_the_compressor_writes_is_read() -> None:
-    scoring = parse("[  50.0s] round1.scoring: start\n[  61.2s] scoring: 40/96 variants, eta 300s\n")
+    scoring = parse("[  50.0s] round1.scoring: start\n[  61.2s] round1.scoring: 40/96 variants, eta 300s\n")
     assert scoring is not None and scoring.describe(rounds=1) == "round 1/1: scoring 40/96 variants, eta 5m"
-    gkd = parse("[ 900.0s] gkd: step 120/400, 3932160 tokens, loss 1.2345, eta 3000s\n")
-    assert gkd is not None and (gkd.step, gkd.done, gkd.total, gkd.round) == ("gkd", 120, 400, None)
-    capture = parse("[  10.0s] capture: slot 7/88\n")
-    assert capture is not None and capture.describe() == "capture 7/88" and capture.eta_s is None
+    gkd = parse("[ 900.0s] rank 0 round3.gkd: step 120/400, 3932160 tokens, loss 1.2345, eta 3000s\n")
+    assert gkd is not None and (gkd.step, gkd.done, gkd.total, gkd.round) == ("gkd", 120, 400, 3)
+    capture = parse("[  10.0s] round1.capture: slot 7/88\n")
+    assert capture is not None and capture.describe(rounds=1) == "round 1/1: capture 7/88" and capture.eta_s is None
+    alone = parse("[ 900.0s] gkd: step 120/400, 3932160 tokens, loss 1.2345, eta 3000s\n")  # outside any round
+    assert alone is not None and alone.round is None
+
+
+def test_a_round_with_more_step_lines_than_the_tail_still_names_its_round() -> None:
+    """The operator reads the last LOG_TAIL_LINES lines: a round's start is long gone from them after a few
+    dozen BLD variants (a real library has thousands), and its step lines name the round themselves."""
+    lines = [f"[{i:6.1f}s] round2.bld: {i}/1536 slot 3 (ffn, layer 3) ffn-512: nmse 0.0201, eta 900s"
+             for i in range(1, LOG_TAIL_LINES + 10)]
+    step = parse("\n".join(lines[-LOG_TAIL_LINES:]))
+    assert step is not None and step.round == 2 and step.done == LOG_TAIL_LINES + 9
 
 
 def test_a_log_without_step_lines_says_nothing() -> None:

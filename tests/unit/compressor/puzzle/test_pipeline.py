@@ -129,7 +129,7 @@ def test_two_gloo_ranks_choose_the_child_one_process_chooses(finished: Path, tin
                              "-m", "tailor.cli.main", "compress", "--config", str(plan),
                              "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rank 0 bld: " in result.stderr and "rank 1 bld: " in result.stderr
+    assert "rank 0 round1.bld: " in result.stderr and "rank 1 round1.bld: " in result.stderr
     single, sharded = (json.loads((folder / "report.json").read_text()) for folder in (finished, out))
     assert sharded["blocks"] == single["blocks"]
     scores = [json.loads((folder / "stages" / "round1" / "scores.json").read_text()) for folder in (finished, out)]
