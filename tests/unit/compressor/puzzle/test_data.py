@@ -3,6 +3,7 @@ missing, malformed, empty or too-short text."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import tracemalloc
@@ -192,13 +193,13 @@ def test_a_gutenberg_file_of_several_books_becomes_parts_named_by_title() -> Non
     paragraph = "word " * 1000 + "\n\n"
     text = book.format(title="FIRST BOOK", body=paragraph * 50) + book.format(title="SECOND BOOK", body="short")
     members = sources.Members("p", "1", split="parts")
-    documents = members.documents("big.txt", text.replace("\n", "\r\n"))
+    documents = members.documents("big.txt", text.replace("\n", "\r\n").encode())
     assert sorted(documents) == ["first-book-00.txt", "first-book-01.txt", "first-book-02.txt", "second-book-00.txt"]
     assert "".join(documents[f"first-book-0{i}.txt"] for i in range(3)).strip() == (paragraph * 50).strip()
     assert "intro" not in "".join(documents.values()) and "licence" not in "".join(documents.values())
-    one = members.documents("botchan.txt", book.format(title="BOTCHAN", body="text"))
+    one = members.documents("botchan.txt", book.format(title="BOTCHAN", body="text").encode())
     assert one == {"botchan-00.txt": "text"}
-    lines = sources.Members("p", "1", split="lines").documents("news.txt", "one\n\ntwo\n")
+    lines = sources.Members("p", "1", split="lines").documents("news.txt", b"one\n\ntwo\n")
     assert lines == {"news-0000.txt": "one\n", "news-0001.txt": "two\n"}
 
 
@@ -282,3 +283,25 @@ def test_a_training_budget_is_never_held_in_memory(tmp_path: Path) -> None:
     tracemalloc.stop()
     assert splits.train.numel() == 4_000_000 // 64 * 64
     assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB traced while cutting the windows"
+
+
+def test_a_wikipedia_dump_becomes_plain_articles() -> None:
+    body = ("{{Infobox|name=x {{nested}}}}'''Aardwolf''' is a [[mammal]] of [[Africa|southern Africa]].<ref>cite</ref>"
+            "[[File:A.jpg|thumb|An [[aardwolf]] skull]]\n== Diet ==\nIt eats [[termite]]s &amp; larvae.<!-- note -->"
+            "{| class=table\n| a || b\n|}\n") + "More prose. " * 200
+    page = "<page><title>{}</title><ns>0</ns><revision><text>{}</text></revision></page>"
+    dump = ("<mediawiki xmlns='http://www.mediawiki.org/xml/export-0.10/'>"
+            + page.format("Aardwolf", html.escape(body)) + page.format("Talk:Aardwolf", html.escape(body))
+            + page.format("Earth wolf", "#REDIRECT [[Aardwolf]]") + page.format("Stub", "Too short.")
+            + "</mediawiki>")
+    articles = sources.wikipedia_articles(dump.encode())
+    assert list(articles) == ["aardwolf.txt"]
+    text = articles["aardwolf.txt"]
+    assert text.startswith("Aardwolf is a mammal of southern Africa.\nDiet\nIt eats termites & larvae.\n")
+    assert not set("{}[]|<>") & set(text)
+
+
+def test_labelled_lines_lose_their_labels() -> None:
+    members = sources.Members("p", "1", split="labelled")
+    assert members.documents("r.txt", b"__label__neg dull .\n__label__pos fine , really .\n") == {
+        "r.txt": "dull .\nfine , really .\n"}
