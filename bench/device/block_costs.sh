@@ -11,5 +11,5 @@ ln -s "$root/compressor" "$farm/tailor/compressor"
 out=${OUT:-$root/build/device}
 mkdir -p "$out"
 for name in ${*:-small-nemotron-h nemotron-3-nano-30b-a3b}; do
-    PYTHONPATH="$farm:$root/bench${PYTHONPATH:+:$PYTHONPATH}" python "$root/bench/costs.py" --model "$name" --out "$out/costs-$name.json"
+    PYTHONPATH="$farm${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/bench/costs.py" --model "$name" --out "$out/costs-$name.json"
 done
