@@ -33,6 +33,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +106,10 @@ def evaluate(name: str, folder: Path, parent: LazyDecoder, texts: dict[str, torc
             "stage_seconds": seconds}
 
 
-def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of: Any) -> list[dict[str, Any]]:
-    """One run: for each target, Puzzle and both baselines at its measured speed, each scored on every text."""
+def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of: Any,
+        done: Callable[[list[dict[str, Any]]], None]) -> None:
+    """One run: for each target, Puzzle and both baselines at its measured speed, each scored on every text;
+    `done` gets each target's rows as soon as they are scored."""
     parallel.init(torch.device("cpu"))  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
     parent_lazy = LazyDecoder(parent_dir)
@@ -124,9 +127,9 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
                     key=lambda mw: -(2 * attention.num_kv_heads * mw[0] * attention.head_dim + 3 * mw[1]))
     from tailor.compressor.puzzle.pipeline import compress
 
-    rows: list[dict[str, Any]] = []
     first_out: Path | None = None
     for target in targets:
+        rows: list[dict[str, Any]] = []
         plan = base.model_copy(update={"target": base.target.model_copy(update={"throughput": target})})
         out = work / f"puzzle-{target}x"
         if first_out is not None and not out.exists():
@@ -172,8 +175,8 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
             rows.append(row)
             log(f"{label}: " + ", ".join(f"{d} kl {q['kl']:.4f}" for d, q in row["domains"].items())
                 + f", {row['speedup']:.2f}x")
+        done(rows)
     parallel.finish()
-    return rows
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -276,18 +279,24 @@ def main() -> int:
                       for domain, ids in {IN_DOMAIN: in_domain, **other}.items()}
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
-    for number in range(args.runs):
-        plan = base.model_copy(update={"seed": base.seed + number})
-        rows += run(plan, parent_dir, args.targets, args.work / f"run-{number}",
-                    lambda splits: {IN_DOMAIN: splits.evaluation, **other})
+
+    def save(scored: list[dict[str, Any]]) -> None:
+        """Written after every target of every run: a stopped run keeps what it scored."""
+        nonlocal result
+        rows.extend(scored)
         result = {"plan": str(args.plan), "settings": args.settings, "text": base.data.text, "device": "cpu",
                   "threads": torch.get_num_threads(), "sets": sets, "ngrams_in_training_corpus": shared,
                   "tokens_scored": {domain: ids.numel() for domain, ids in {IN_DOMAIN: in_domain, **other}.items()},
                   "parent": {"params": parent.arch.total_params, "perplexity": parent_quality},
-                  "domains": domains, "runs": number + 1, "gkd_tokens": base.gkd.tokens,
+                  "domains": domains, "runs": len({row["seed"] for row in rows}), "gkd_tokens": base.gkd.tokens,
                   "bld_tokens_per_variant": base.bld.tokens, "rows": rows, "summary": summarise(rows, sets)}
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(result, indent=2) + "\n")  # after every run: a stopped run keeps them
+        args.results.write_text(json.dumps(result, indent=2) + "\n")
+
+    for number in range(args.runs):
+        plan = base.model_copy(update={"seed": base.seed + number})
+        run(plan, parent_dir, args.targets, args.work / f"run-{number}",
+            lambda splits: {IN_DOMAIN: splits.evaluation, **other}, save)
     print(f"parent ({parent.arch.total_params:,} params): ppl " +
           ", ".join(f"{d} {v:.2f}" for d, v in parent_quality.items()))
     print(f"{'target':>6} {'model':<9} {'speed-up':>13} " + " ".join(f"{d + ' KL':>20}" for d in domains))
