@@ -21,7 +21,7 @@ set (news and Python's reference documentation: texts earlier runs were tuned ag
 scored it. The summary gives each model's mean and spread over the runs, and Puzzle's KL below the best
 baseline's on each set (mean over its domains).
 
-    .venv/bin/python bench/puzzle.py     # 3 runs at 1.5x and 2x, ~30 min each on 2 cores: bench/results/puzzle.*
+    .venv/bin/python bench/puzzle.py   # 3 runs at 1.5x and 2x, ~75 min each on 2 cores: bench/results/puzzle-test-set.*
     .venv/bin/python bench/puzzle.py --runs 1 --set rounds=2 --results build/puzzle-rounds2.json   # a plan variant
 """
 
@@ -262,7 +262,7 @@ def main() -> int:
     parser.add_argument("--set", dest="settings", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="change the plan's fields, e.g. rounds=2 data.seqLen=512")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-puzzle")
-    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle.json")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle-test-set.json")
     args = parser.parse_args()
     base = with_settings(Plan.load(args.plan), args.settings)
     parent_dir = resolve_parent(base.parent)
