@@ -18,6 +18,9 @@ EXAMPLES = """examples:
   # what every stage needs per rank, on the meta device (exit 2 when a stage does not fit):
   tailor compress --dry-run --config examples/plans/nemotron-super-b200.yaml --gpus 8 --gpu B200-180GB
   tailor compress --dry-run --config examples/plans/nemotron-super-b200.yaml --gpus 8 --gpu H100 --nodes 3
+  # a plan's fields changed for one run (dotted as the plan file spells them, values as YAML):
+  tailor compress --dry-run --config examples/plans/nemotron-super-published-recipe.yaml --gpus 8 \
+      --set gkd.offload=true gkd.microBatch=8
 
 A killed run resumes from its saved stages when started again with the same --out; report.json is
 written last, so a folder without it is not a finished run.
@@ -25,6 +28,8 @@ written last, so a folder without it is not a finished run.
 
 
 def _compress(args: argparse.Namespace) -> int:
+    if args.settings and args.plan:
+        raise ValueError("--set changes a --config plan; a build plan (--plan) is what the operator wrote, as it is")
     if args.dry_run:
         from tailor.cli.dryrun import dry_run
 
@@ -32,13 +37,12 @@ def _compress(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs, write_results
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.puzzle.pipeline import compress
-    from tailor.compressor.puzzle.plan import Plan
     from tailor.compressor.puzzle.report import compress_result
 
     build = BuildPlan.load(args.plan) if args.plan else None
     if build is None:
         needs(args, "config", "out")
-    plan, out = (build.puzzle, Path(build.layout.compress_dir)) if build else (Plan.load(args.config), args.out)
+    plan, out = (build.puzzle, Path(build.layout.compress_dir)) if build else (config_plan(args), args.out)
     if build is not None:
         for stale in build.layout.prune():
             print(f"removed {stale}: an earlier generation's artifacts (not serving)", file=sys.stderr)
@@ -50,6 +54,13 @@ def _compress(args: argparse.Namespace) -> int:
         else:
             print(report.markdown())
     return 0
+
+
+def config_plan(args: argparse.Namespace) -> Any:
+    """The plan of --config with the --set fields changed."""
+    from tailor.compressor.puzzle.plan import Plan
+
+    return Plan.load(args.config).with_settings(args.settings)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -69,6 +80,8 @@ def add_parsers(nouns: Any) -> None:
     source.add_argument("--plan", type=Path, help="a build plan (what the operator's Jobs read): its Puzzle plan, "
                                                   "written to its layout's compress folder")
     compress.add_argument("--out", type=Path, help="output folder (with --config); resumes from its saved stages")
+    compress.add_argument("--set", dest="settings", nargs="+", default=[], metavar="FIELD=VALUE",
+                          help="change the --config plan's fields, e.g. gkd.offload=true data.seqLen=512")
     compress.add_argument("--json", action="store_true", help="print report.json instead of the summary (with "
                                                              "--dry-run: the footprint)")
     dry = compress.add_argument_group("dry run", "peak memory per rank and estimated time of every stage, from the "

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tailor.cli.compress import config_plan
 from tailor.compressor.architecture import MODELS_DIR, Architecture, architecture_from_config, builtin_models
 from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
-from tailor.compressor.puzzle.plan import Plan
 
 DOES_NOT_FIT = 2  # the exit status when a stage needs more than a rank has
 SHOWN_PARTS = 3  # the largest parts of each stage's peak in the table
@@ -98,12 +98,23 @@ def render(fp: Footprint, arch: Architecture, source: str) -> str:
     files = ", ".join(f"{name} {size / GIB:,.0f}" for name, size in fp.stage_files.items())
     notes = "\n".join(f"note: {text}" for text in fp.assumptions)
     total = sum(fp.stage_files.values()) / GIB
-    return f"{head}{table}\nstage files on the claim: {total:,.0f} GiB at most ({files})\n{notes}"
+    return f"{head}{table}\nstage files on the claim: {total:,.0f} GiB at most ({files})\n{_host(fp)}{notes}"
+
+
+def _host(fp: Footprint) -> str:
+    """The line for what the ranks keep in host memory (GKD's offloaded child), if anything."""
+    if not fp.offloaded_bytes_per_node:
+        return ""
+    held = f"host memory per node: {fp.offloaded_bytes_per_node / GIB:,.0f} GiB of GKD's offloaded child state"
+    if fp.host_budget_bytes is None:
+        return f"{held} (the {fp.gpu} profile states no hostMemoryGiB: not checked)\n"
+    verdict = "fits" if fp.host_fits else "does NOT fit"
+    return f"{held}, {verdict} a node's {fp.host_budget_bytes / GIB:,.0f} GiB (hostMemoryGiB)\n"
 
 
 def dry_run(args: argparse.Namespace) -> int:
     build = BuildPlan.load(args.plan) if args.plan else None
-    plan = build.puzzle if build is not None else Plan.load(args.config)
+    plan = build.puzzle if build is not None else config_plan(args)
     catalog = build.catalog() if build is not None else GpuCatalog.load()
     gpu = catalog.get(args.gpu or plan.target.gpu)
     for flag, value in (("--gpus", args.gpus), ("--nodes", args.nodes)):

@@ -45,6 +45,10 @@ class GpuProfile(BaseModel):
     family: Literal["ampere", "ada-lovelace", "hopper", "blackwell", "cpu"]
     memory_mib: int = Field(gt=0, alias="memoryMiB", description="Memory the device reports (nvidia-smi).")
     bandwidth_gbps: float = Field(gt=0, alias="bandwidthGBps", description="Memory bandwidth, GB/s.")
+    host_memory_gib: float | None = Field(None, gt=0, alias="hostMemoryGiB",
+                                          description="Host memory (RAM) of one node of these GPUs: the smallest "
+                                                      "of the instance types it lists. The dry run checks GKD's "
+                                                      "offloaded child state against it; None: not checked.")
     tflops: dict[Precision, float] = Field(description="Dense tensor-core TFLOPS per natively supported precision.")
     gfd_products: tuple[str, ...] = Field(default=(), description="nvidia.com/gpu.product label values.")
     node_labels: dict[str, tuple[str, ...]] = Field(

@@ -13,6 +13,9 @@ cannot take a node's memory from its neighbours (and the kubelet's eviction from
   (SmolLM2, `examples/smollm2-135m-cpu.yaml`) GKD peaked at 5.66 GiB resident where the dry run says 5.24 GiB
   (it said 3.84 before its activation and logits terms were measured per part; README, "The dry run against
   measured peaks"), and evaluation at 2.32 against 2.10: 25% more (`compression_need`).
+- A compression pod on GPUs whose GKD offloads the child (`gkd.offload`) holds its ranks' shards of the child's
+  float32 weights, gradients and AdamW moments in RAM (pinned), as the footprint models them, beside the per-GPU
+  allowance below (`offload_need`).
   Elsewhere, where the operator knows no footprint (a parent whose config it cannot read, stages on GPUs, whose
   host memory the footprint does not model), an allowance per GPU, assumed (`stage_need`).
 No torch here: the operator imports it.
@@ -73,6 +76,12 @@ def compression_need(footprint_bytes: int) -> HostNeed:
     and what the model undercounts."""
     return HostNeed(parts={"ranks at the peak stage (dry run)": footprint_bytes,
                            "beyond the dry run (measured)": round(footprint_bytes * UNDERCOUNTED)}, assumed=False)
+
+
+def offload_need(offloaded_bytes: int, gpus: int) -> HostNeed:
+    """A compression pod of `gpus` GPUs whose ranks keep `offloaded_bytes` of GKD's child state in RAM."""
+    return HostNeed(parts={"GKD's offloaded child state (dry run)": offloaded_bytes,
+                           "the ranks' allowance (assumed)": round(STAGE_GIB_PER_GPU * GIB) * gpus}, assumed=False)
 
 
 def stage_need(gpus: int) -> HostNeed:

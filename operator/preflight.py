@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hostmemory import HostNeed, compression_need
+from tailor.compressor.hostmemory import HostNeed, compression_need, offload_need
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
 from tailor.operator.api import CompressedModelSpec, quantity_value
 from tailor.operator.conditions import Reason, Refused
@@ -116,11 +116,14 @@ def check_claim(spec: CompressedModelSpec, claim: str, capacity: str, to_create:
 
 
 def host_need(fp: Footprint | None) -> HostNeed | None:
-    """A CPU run's host memory: what the node's ranks hold together at the peak stage. None on GPUs (the
-    footprint models device memory; the Job gets the per-GPU allowance) and when nothing was checked."""
-    if fp is None or not fp.on_cpu:
+    """A CPU run's host memory: what the node's ranks hold together at the peak stage; on GPUs, GKD's offloaded
+    child state beside the per-GPU allowance. None on GPUs without offload (the footprint models device memory;
+    the Job gets the per-GPU allowance) and when nothing was checked."""
+    if fp is None:
         return None
-    return compression_need(fp.host_bytes_per_node())
+    if fp.on_cpu:
+        return compression_need(fp.host_bytes_per_node())
+    return offload_need(fp.offloaded_bytes_per_node, fp.gpus_per_node) if fp.offloaded_bytes_per_node else None
 
 
 def summary(fp: Footprint) -> str:

@@ -49,6 +49,13 @@ KL_LOGITS = 7  # [tokens, vocab] float32 tensors alive at scoring's and evaluati
 GKD_KL_LOGITS = 5.3  # measured (`bench/gkd_memory.py`): what a row of GKD's loss costs beyond its saved
                      # activations, in [tokens, vocab] float32 tensors (the child's logits, both log-softmaxes,
                      # their gradients; the teacher's float32 logits are counted apart only in BF16)
+HOST_LINK_GBPS = 50.0  # assumption: what pinned copies reach per GPU and direction over PCIe Gen5 x16 (64 GB/s)
+HOST_MEMORY_GBPS = 400.0  # assumption: a node's DDR5 bandwidth that AdamW's streaming step on the host reaches
+                          # (two sockets of 8 channels peak at about 700 GB/s)
+ADAMW_HOST_BYTES = 28  # per parameter of a host AdamW step: weight, gradient and both moments read (16), the
+                       # weight and moments written (12)
+OFFLOAD_COPIES = 3  # float32 shard copies per micro-batch with `gkd.offload`: in for the forward's gather and
+                    # for backward's, the gradient out
 EVAL_ROWS = 8  # captured rows a BLD no-grad pass runs at once (`bld.EVAL_ROWS`)
 MAMBA_CHUNK = 256  # tokens per quadratic Mamba-2 scan (`mamba.CHUNK`)
 ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's dense peak (BF16 for what trains "
@@ -57,7 +64,10 @@ ASSUMPTIONS = (f"times are estimated from FLOPs at {MFU:.0%} of the profile's de
                f"each rank's runtime overhead is assumed: {GPU_RUNTIME_GIB:g} GiB on a GPU, {CPU_RUNTIME_GIB:g} GiB "
                "on a CPU",
                "the child's parameters are bounded by the target's params and activeParams (the parent's where it "
-               "sets none); the child is only known after the search")
+               "sets none); the child is only known after the search",
+               f"with gkd.offload: copies at {HOST_LINK_GBPS:g} GB/s per GPU and direction (PCIe Gen5 x16), AdamW "
+               f"on the host at {HOST_MEMORY_GBPS:g} GB/s of a node's memory bandwidth, neither overlapped with "
+               "compute (assumed, not measured)")
 
 StageName = Literal["capture", "bld", "scoring", "assembly", "gkd", "evaluation"]
 Ranks = Literal["all", "rank 0"]
@@ -72,7 +82,15 @@ class StageNeed(BaseModel):
     ranks: Ranks = Field(description="Whether every rank runs the stage or rank 0 alone.")
     peak_bytes: int = Field(description="Peak memory per rank: the sum of `parts`.")
     parts: dict[str, int] = Field(description="What the peak is made of, in bytes.")
-    seconds: float = Field(description="Estimated from the FLOPs at MFU, not measured.")
+    seconds: float = Field(description="Estimated from the FLOPs at MFU, not measured (with `gkd.offload`, "
+                                       "plus its copies and the host's AdamW step).")
+    host_parts: dict[str, int] = Field(default_factory=dict,
+                                       description="What the rank keeps in the node's host memory besides, in "
+                                                   "bytes: GKD's offloaded child state (`gkd.offload`).")
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host_parts.values())
 
 
 class Footprint(BaseModel):
@@ -87,6 +105,9 @@ class Footprint(BaseModel):
     budget_bytes: int = Field(description="Memory per rank: the GPU's, or the stated budget.")
     budget_stated: bool = Field(description="The budget was stated (--memory-budget or the plan's budgetGiB), "
                                             "not the profile's memory.")
+    host_budget_bytes: int | None = Field(None, description="A node's host memory (the profile's hostMemoryGiB), "
+                                                            "which the ranks' host parts must fit; None: unknown, "
+                                                            "not checked.")
     stages: list[StageNeed]
     fitting_nodes: int | None = Field(description="The fewest nodes (same GPUs per node) on which every stage fits; "
                                                   f"None when none up to {MAX_NODES} does.")
@@ -101,7 +122,16 @@ class Footprint(BaseModel):
 
     @property
     def fits(self) -> bool:
-        return all(need.peak_bytes <= self.budget_bytes for need in self.stages)
+        return all(need.peak_bytes <= self.budget_bytes for need in self.stages) and self.host_fits
+
+    @property
+    def offloaded_bytes_per_node(self) -> int:
+        """What one node's ranks keep in host memory at once beside their devices (GKD's offloaded child)."""
+        return max(need.host_bytes for need in self.stages) * self.gpus_per_node
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_budget_bytes is None or self.offloaded_bytes_per_node <= self.host_budget_bytes
 
     def shortfalls(self, nodes_setting: str = "--nodes") -> list[str]:
         """One message per stage that does not fit, naming it and the shortfall; `nodes_setting` is what the
@@ -120,6 +150,11 @@ class Footprint(BaseModel):
                 biggest = max(need.parts, key=lambda part: need.parts[part])
                 messages.append(f"stage {need.stage} needs {need.peak_bytes / GIB:.1f} GiB {where} (most of it "
                                 f"{biggest}), {has}: {short / GIB:.1f} GiB short; {advice}")
+        if not self.host_fits:
+            assert self.host_budget_bytes is not None
+            messages.append(f"GKD's offloaded child state needs {self.offloaded_bytes_per_node / GIB:,.0f} GiB of "
+                            f"host memory per node, a {self.gpu} node has {self.host_budget_bytes / GIB:,.0f} GiB "
+                            f"(its profile's hostMemoryGiB); {advice}")
         return messages
 
     def host_bytes_per_node(self) -> int:
@@ -133,12 +168,17 @@ class Footprint(BaseModel):
 # --- sizes --------------------------------------------------------------------------------------------
 
 
+def offload_bytes(child_params: float, ranks: int) -> int:
+    """A rank's offloaded GKD child state in host memory: its float32 shard, gradients and AdamW's moments."""
+    return round(SHARDED_TRAIN_BYTES * child_params / ranks)
+
+
 def teacher_is_sharded(teacher_bytes: float, child_params: float, largest_block_params: int, ranks: int,
-                       budget: float | None) -> bool:
+                       budget: float | None, offload: bool = False) -> bool:
     """GKD's rule: shard the teacher (`teacher_bytes` in all) beside the child (16 bytes per parameter: fp32
-    weights, gradients, AdamW) when both shards and one child block whole (weights and gradients) fit
-    TEACHER_SHARE of the budget; else stream it. No budget: shard."""
-    need = (teacher_bytes + 16 * child_params) / ranks + 8 * largest_block_params
+    weights, gradients, AdamW; none with `offload`, which keeps them in host memory) when both shards and one
+    child block whole (weights and gradients) fit TEACHER_SHARE of the budget; else stream it. No budget: shard."""
+    need = (teacher_bytes + (0 if offload else SHARDED_TRAIN_BYTES) * child_params) / ranks + 8 * largest_block_params
     return budget is None or need <= TEACHER_SHARE * budget
 
 
@@ -222,8 +262,9 @@ def variants_per_slot(arch: Architecture, plan: Plan) -> list[tuple[int, Part, i
 class _Model:
     """The formulas for one parent, plan and GPU profile, at a number of ranks."""
 
-    def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile, budget: int) -> None:
+    def __init__(self, arch: Architecture, plan: Plan, gpu: GpuProfile, budget: int, gpus_per_node: int) -> None:
         self.arch, self.plan, self.gpu, self.budget = arch, plan, gpu, budget
+        self.gpus_per_node = gpus_per_node
         on_gpu = gpu.family != "cpu"
         self.fb = plan.frozen_dtype.bytes(on_gpu)  # frozen weights and residual streams
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
@@ -311,29 +352,56 @@ class _Model:
         sharded beside it or streamed (`teacher_is_sharded`, the rule `gkd.py` applies), its states then kept for
         WORKING_SHARE of the budget's worth of steps. A rank runs its share of each step's rows (`gkd.batch` /
         ranks, rounded up), `gkd.microBatch` of them at once; with `gkd.recompute` it keeps one layer's
-        activations for backward, not every layer's; the KL's logits are held KL_TOKENS tokens at a time."""
+        activations for backward, not every layer's; the KL's logits are held KL_TOKENS tokens at a time. With
+        `gkd.offload` the child's shard, gradients and AdamW moments are in host memory (`gkd_host`); a block's
+        float32 shard and its gradient pass through the device."""
         plan, arch, seq = self.plan, self.arch, self.seq
-        rows = math.ceil(plan.gkd.batch / ranks)
-        held = min(rows, plan.gkd.micro_batch or rows) * seq  # tokens a forward and backward holds
-        per_step = rows * ranks
-        steps = max(1, math.ceil(plan.gkd.tokens / (per_step * seq)))
+        rows, held, steps = self.gkd_rows(ranks)
+        held *= seq  # tokens a forward and backward holds
         gathered = 2 if self.fb == 2 else 4
         saved = (max(sum(training_bytes_per_token(part, self.hidden, seq) for part in block.parts())
                      for block in arch.blocks) if plan.gkd.recompute else saved_bytes_per_token(arch, seq))
-        parts = {"child shard, grads and AdamW (fp32)": round(SHARDED_TRAIN_BYTES * self.child / ranks),
+        child = ({"a block's shard and its gradient in transit (fp32)": 2 * 4 * math.ceil(self.block_max / ranks)}
+                 if plan.gkd.offload else {"child shard, grads and AdamW (fp32)": offload_bytes(self.child, ranks)})
+        parts = {**child,
                  "one child block gathered, and its gradients": 2 * self.block_max * gathered,
                  "teacher block": self.lmax,
                  "activations for backward": held * saved,
                  "child layer states (cosine loss)": held * self.hidden * 4 * self.layers,
                  "teacher logits (bf16)": held * arch.vocab_size * 2 if self.fb == 2 else 0,  # else among the 7
                  "logits and the KL's temporaries": round(GKD_KL_LOGITS * min(held, KL_TOKENS) * arch.vocab_size * 4),
-                 "batch row indices": 8 * per_step * steps}
-        if teacher_is_sharded(self.fb * arch.total_params, self.child, self.block_max, ranks, self.budget):
+                 "batch row indices": 8 * rows * ranks * steps}
+        if teacher_is_sharded(self.fb * arch.total_params, self.child, self.block_max, ranks, self.budget,
+                              plan.gkd.offload):
             return {**parts, "teacher shard": round(self.fb * arch.total_params / ranks),
                     "teacher layer states": held * self.hidden * self.fb * self.layers}
         return {**parts, "LM head": self.head,
                 "teacher layer states (bf16)": self._teacher(rows, plan.gkd.tokens / ranks * self.hidden * 2
                                                              * self.layers)}
+
+    def gkd_rows(self, ranks: int) -> tuple[int, int, int]:
+        """A rank's rows per step (its share of `gkd.batch`, rounded up), rows per micro-batch, and the steps."""
+        rows = math.ceil(self.plan.gkd.batch / ranks)
+        steps = max(1, math.ceil(self.plan.gkd.tokens / (rows * ranks * self.seq)))
+        return rows, min(rows, self.plan.gkd.micro_batch or rows), steps
+
+    def gkd_host(self, ranks: int) -> dict[str, int]:
+        """A rank's share of host memory with `gkd.offload`: its shard of the child's training state."""
+        if not self.plan.gkd.offload:
+            return {}
+        return {"child shard, grads and AdamW (fp32, offloaded)": offload_bytes(self.child, ranks)}
+
+    def offload_seconds(self, ranks: int) -> float:
+        """What `gkd.offload` adds to GKD, not overlapped with compute (an upper bound): every micro-batch copies
+        each layer's float32 shard to the device twice and its gradient back (HOST_LINK_GBPS), and every step
+        runs AdamW over the node's shards in host memory (HOST_MEMORY_GBPS)."""
+        if not self.plan.gkd.offload:
+            return 0.0
+        rows, micro, steps = self.gkd_rows(ranks)
+        shard = self.child / ranks
+        copies = steps * math.ceil(rows / micro) * OFFLOAD_COPIES * 4 * shard / (HOST_LINK_GBPS * 1e9)
+        adamw = steps * ADAMW_HOST_BYTES * shard * self.gpus_per_node / (HOST_MEMORY_GBPS * 1e9)
+        return copies + adamw
 
     def _teacher(self, rows: int, every_row: float) -> int:
         """A streamed teacher's states are kept for the steps WORKING_SHARE of the budget holds (at least one)."""
@@ -391,7 +459,8 @@ class _Model:
         flops = self.stage_flops[stage]
         if stage == "gkd":
             teacher = 2 * self.arch.active_param_count * self.plan.gkd.tokens
-            return ((flops - teacher) / self.train_flops_per_s + teacher / self.frozen_flops_per_s) / ranks
+            return (((flops - teacher) / self.train_flops_per_s + teacher / self.frozen_flops_per_s) / ranks
+                    + self.offload_seconds(ranks))
         rate = self.train_flops_per_s if stage == "bld" else self.frozen_flops_per_s
         return flops / (ranks * rate)
 
@@ -411,7 +480,8 @@ class _Model:
             ("gkd", "all", self.gkd(ranks)), ("evaluation", "rank 0", fixed["evaluation"])]
         return [StageNeed(stage=name, ranks=who, parts={**parts, "runtime": runtime},
                           peak_bytes=sum(parts.values()) + runtime,
-                          seconds=self.seconds(name, ranks if who == "all" else 1))
+                          seconds=self.seconds(name, ranks if who == "all" else 1),
+                          host_parts=self.gkd_host(ranks) if name == "gkd" else {})
                 for name, who, parts in stages]
 
 
@@ -429,12 +499,15 @@ def footprint(arch: Architecture, plan: Plan, gpu: GpuProfile, gpus_per_node: in
     per rank is `memory_gib`, else the plan's `budgetGiB`, else the GPU's memory."""
     memory_gib = memory_gib if memory_gib is not None else plan.budget_gib
     budget = budget_bytes(gpu, gpus_per_node, memory_gib)
-    model = _Model(arch, plan, gpu, budget)
+    model = _Model(arch, plan, gpu, budget, gpus_per_node)
+    host = round(gpu.host_memory_gib * GIB) if gpu.host_memory_gib is not None else None
 
     def fits(count: int) -> bool:
-        return all(need.peak_bytes <= budget for need in model.needs(gpus_per_node * count))
+        needs = model.needs(gpus_per_node * count)
+        return (all(need.peak_bytes <= budget for need in needs)
+                and (host is None or max(need.host_bytes for need in needs) * gpus_per_node <= host))
 
     return Footprint(gpu=gpu.name, on_cpu=gpu.family == "cpu", gpus_per_node=gpus_per_node, nodes=nodes,
-                     budget_bytes=budget, budget_stated=memory_gib is not None,
+                     budget_bytes=budget, budget_stated=memory_gib is not None, host_budget_bytes=host,
                      stages=model.needs(gpus_per_node * nodes), stage_files=model.stage_files(),
                      fitting_nodes=next((n for n in range(1, MAX_NODES + 1) if fits(n)), None))

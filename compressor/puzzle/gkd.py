@@ -6,7 +6,9 @@ adding the LM loss hurt). The budget is `gkd.tokens` training tokens.
 Memory per rank is bounded by sharding, not by the model's size:
 - the child trains sharded across the ranks with PyTorch's FSDP2 (`fully_shard` per layer and at the root):
   each rank holds 1/world of its parameters, gradients and AdamW states, and one layer whole while it runs.
-  It is built on the meta device and each rank copies in only its shard, one tensor at a time from the files;
+  It is built on the meta device and each rank copies in only its shard, one tensor at a time from the files.
+  With `gkd.offload` those shards live in host memory (FSDP2's CPU offload): copied to the GPU at each gather,
+  the gradients back at each backward, AdamW stepping on the host;
 - the parent never trains. Where its shard fits beside the child's, it is sharded the same way and runs each
   step's forward with the child (`ShardedTeacher`); where it does not (a parent several times a rank's
   budget), each rank streams it, one layer resident, over the rows of its next steps, keeping the residual
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -115,10 +117,11 @@ def steps_per_pass(rows_per_step: int, seq_len: int, arch_layers: int, hidden: i
 
 
 def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
-                  gathered: torch.dtype | None = None) -> Decoder:
+                  gathered: torch.dtype | None = None, offload: bool = False) -> Decoder:
     """The checkpoint in `folder` as a Decoder sharded with FSDP2 over every rank, read tensor by tensor, its
     shards in `dtype`; with `gathered`, a layer is gathered in that dtype to run (its gradients reduced in
-    float32)."""
+    float32); with `offload`, the shards (and their gradients) are kept in host memory, the buffers on
+    `device`."""
     lazy = LazyDecoder(folder, dtype=dtype, device=device)
     with torch.device("meta"):
         child = Decoder(lazy.arch, lazy.settings)
@@ -126,10 +129,11 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
     # inputs are left as they are: casting them would copy the `states` list the forward appends to
     policy = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32 if gathered else None,
                                   cast_forward_inputs=False)
+    offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for layer in child.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(child, mesh=mesh, mp_policy=policy)
-    child.to_empty(device=device)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
+    fully_shard(child, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
+    child.to_empty(device=torch.device("cpu") if offload else device)
     names = {id(p): name for name, p in reversed(list(child.named_parameters(remove_duplicate=False)))}
     with torch.no_grad():
         for param in child.parameters():
@@ -140,8 +144,26 @@ def sharded_model(folder: Path, device: torch.device, dtype: torch.dtype = torch
         for buffer_name, buffer in child.named_buffers():
             if buffer_name.endswith("e_score_correction_bias"):
                 buffer.copy_(lazy.tensors([buffer_name])[buffer_name])
+        for module in child.modules():  # FSDP2 offloads parameters only: buffers are where the forward runs
+            for name, buffer in module.named_buffers(recurse=False):
+                setattr(module, name, buffer.to(device))
         recompute_rotary(child, device)
     return child
+
+
+@torch.no_grad()
+def clip_gradients(model: torch.nn.Module, max_norm: float, device: torch.device) -> None:
+    """`torch.nn.utils.clip_grad_norm_` for FSDP2-sharded parameters wherever their shards live: each rank's
+    share of the squared norm is summed on `device`, because NCCL reduces GPU tensors only and an offloaded
+    shard's gradients are in host memory."""
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
+    square = sum((grad.float().pow(2).sum().to(device) for grad in local), torch.zeros((), device=device))
+    if dist.is_initialized():
+        dist.all_reduce(square)
+    coefficient = torch.clamp(max_norm / (square.sqrt() + 1e-6), max=1.0)
+    for grad in local:
+        grad.mul_(coefficient.to(grad.device, grad.dtype))
 
 
 def chunked_kl(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -164,10 +186,14 @@ def chunked_kl(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
 
 def gkd_loss(child: Decoder, ids: torch.Tensor, teacher_states: list[torch.Tensor], teacher_logits: torch.Tensor,
              scale: float, recompute: bool = False) -> torch.Tensor:
-    """This rank's share of the batch loss: the sums over its rows, times `scale` (world / batch rows)."""
+    """This rank's share of the batch loss: the sums over its rows, times `scale` (world / batch rows). A child
+    narrower than the parent (fewer embedding channels: the Minitron baseline of `bench/puzzle.py`) has no layer
+    states to compare and learns from the logits alone, as Minitron distils."""
     states: list[torch.Tensor] = []
     kl: torch.Tensor = child(ids, states=states, recompute=recompute,
                              loss=lambda head, x: chunked_kl(head, x, teacher_logits)) / ids.shape[1]
+    if states[0].shape[-1] != teacher_states[0].shape[-1]:
+        return kl * scale
     cosine = sum((1 - F.cosine_similarity(c.float(), p.float(), dim=-1)).mean(-1).sum()
                  for c, p in zip(states, teacher_states, strict=True))
     return (cosine + kl) * scale
@@ -191,7 +217,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     child_arch = LazyDecoder(child_folder).arch
     largest = max(block_params(child_arch))
     if teacher_is_sharded(parent.dtype.itemsize * parent.arch.total_params, child_arch.total_params, largest, world,
-                          budget_bytes):
+                          budget_bytes, budget.offload):
         progress("gkd: the parent sharded across the ranks")
         teacher = ShardedTeacher(parent)
     else:
@@ -199,7 +225,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
                                   budget_bytes, steps)
         teacher = StreamedTeacher(parent, mine, train, per_pass, progress)
     child = sharded_model(child_folder, parent.device, gathered=torch.bfloat16 if parent.dtype == torch.bfloat16
-                          else None)
+                          else None, offload=budget.offload)
     optimiser = torch.optim.AdamW(child.parameters(), lr=budget.lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -224,7 +250,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
             loss.backward()  # type: ignore[no-untyped-call]
             total += loss.detach().float()
             del states, logits, loss
-        torch.nn.utils.clip_grad_norm_(child.parameters(), 1.0)
+        clip_gradients(child, 1.0, parent.device)
         optimiser.step()
         schedule.step()
         total /= world
@@ -262,7 +288,13 @@ def _write(child: Decoder, out: Path, parent_folder: Path, child_folder: Path) -
         groups[layer].append((name, value))
 
     def gather(value: torch.Tensor) -> torch.Tensor:
-        return value.full_tensor() if isinstance(value, DTensor) else value
+        if not isinstance(value, DTensor):
+            return value
+        where = value.device_mesh.device_type  # an offloaded shard is gathered on the GPUs
+        placed = value if value.device.type == where else value.to(where)
+        assert isinstance(placed, DTensor)
+        whole: torch.Tensor = placed.full_tensor()
+        return whole
 
     if parallel.is_main():
         with sharded_checkpoint(out, {k: v for k, v in config.items() if k != "torch_dtype"}, parent_folder,

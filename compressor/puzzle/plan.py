@@ -171,6 +171,11 @@ class Distillation(Training):
     recompute: bool = Field(False, description="Recompute each layer's activations in backward instead of keeping "
                                                "them (about a third more compute): a rank keeps the layers' inputs "
                                                "and one layer's activations, not every layer's.")
+    offload: bool = Field(False, description="Keep the child's float32 shards, their gradients and AdamW's moments "
+                                             "in the nodes' host memory (FSDP2 CPU offload; 16 bytes per child "
+                                             "parameter), AdamW stepping on the host: for a child whose training "
+                                             "state does not fit the GPUs. Each layer's shard crosses PCIe at every "
+                                             "gather, its gradients at every backward.")
 
 
 class Corpus(_Spec):
@@ -274,6 +279,25 @@ class Plan(_Spec):
             return cls.model_validate(data)
         except ValidationError as error:
             raise PlanError(f"{path}: {problems(error)}") from error
+
+    def with_settings(self, settings: list[str]) -> Plan:
+        """This plan with FIELD=VALUE settings: FIELD a dotted path as the plan file spells it (`gkd.offload`),
+        VALUE read as YAML (`true`, `8`, `[0.5, 0.25]`)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for setting in settings:
+            path, equals, value = setting.partition("=")
+            *parents, leaf = path.split(".")
+            node: object = data
+            for key in parents:
+                node = node.get(key) if isinstance(node, dict) else None
+            if not equals or not isinstance(node, dict) or leaf not in node:
+                raise PlanError(f"--set {setting}: expected FIELD=VALUE with FIELD a plan field (e.g. "
+                                f"gkd.microBatch=4); the plan has no field {path!r}")
+            node[leaf] = yaml.safe_load(value)
+        try:
+            return Plan.model_validate(data)
+        except ValidationError as error:
+            raise PlanError(f"--set {' '.join(settings)}: {problems(error)}") from error
 
     def round_targets(self, parent_memory_gib: float) -> list[Target]:
         """Iterative Puzzle: round r of N meets the (r/N)-th power of every ratio to the parent (memory

@@ -670,6 +670,23 @@ def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
     assert int(resources["requests"]["memory"].removesuffix("Mi")) > 4096  # more than the 2 x 2Gi floor says
 
 
+def test_a_gpu_compression_that_offloads_gkd_requests_the_host_memory_it_keeps_there(kube: FakeKube) -> None:
+    """planOverrides' gkd.offload moves the child's training state to host memory: the refusal above fits two
+    nodes of 8 H100, and the pod asks for its share of that state (16 bytes x 76B / 2 nodes) with the allowance."""
+    body = builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000)
+    body["spec"]["storage"] = {"size": "10Ti"}
+    body["spec"]["compression"]["planOverrides"] = {"gkd": {"offload": True}}
+    give_claim(kube, "models")
+    kube.apply(body)
+    assert step(kube).phase == "Compressing"
+    resources = kube.obj("Job", "m-g1-compress")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    offloaded = round(16 * 76e9 / 16) * 8  # the example caps its child at 76B parameters; 8 of 16 ranks a node
+    need = offloaded + 8 * 32 * 2**30
+    assert resources["requests"]["memory"] == f"{-(-need // 2**20)}Mi"
+    assert any(reason == "FitChecked" and "fits 2 node(s) x 8 H100-80GB" in message
+               for _, reason, message in kube.events)
+
+
 # --- hardening: node churn and rollouts -----------------------------------------------------------------
 
 

@@ -46,6 +46,28 @@ def test_one_h100_refuses_naming_the_stage(tmp_path: Path, capsys: pytest.Captur
     assert err.startswith("tailor: does not fit: stage gkd needs ") and "try --nodes 22" in err
 
 
+def test_settings_offload_the_published_recipe_onto_one_node_of_8_b200(capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = str(REPO / "examples" / "plans" / "nemotron-super-published-recipe.yaml")
+    assert main(["compress", "--dry-run", "--config", recipe, "--gpus", "8", "--gpu", "B200-180GB"]) == 2
+    assert "try --nodes 2" in capsys.readouterr().err
+    assert main(["compress", "--dry-run", "--config", recipe, "--gpus", "8", "--gpu", "B200-180GB",
+                 "--set", "gkd.offload=true", "gkd.microBatch=8"]) == 0
+    out, err = capsys.readouterr()
+    assert ("host memory per node: 1,122 GiB of GKD's offloaded child state, fits a node's 2,048 GiB "
+            "(hostMemoryGiB)") in out and not err
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("gkd.offlaod=true", "--set gkd.offlaod=true: expected FIELD=VALUE with FIELD a plan field (e.g. "
+                         "gkd.microBatch=4); the plan has no field 'gkd.offlaod'"),
+    ("gkd.microBatch=0", "--set gkd.microBatch=0: gkd.microBatch: Input should be greater than 0"),
+    ("gkd.offload", "--set gkd.offload: expected FIELD=VALUE")])
+def test_a_setting_that_is_no_plan_field_or_no_valid_value_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, named: str) -> None:
+    assert main(["compress", "--dry-run", "--config", str(published(tmp_path)), "--set", setting]) == 1
+    assert named in capsys.readouterr().err
+
+
 def test_an_hf_parent_must_be_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAILOR_CACHE_DIR", str(tmp_path / "cache"))

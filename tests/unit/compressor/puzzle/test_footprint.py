@@ -175,8 +175,8 @@ def test_the_published_recipe_fits_two_nodes_of_8_b200_with_one_recomputed_row_a
     """At 4,096-token windows a rank runs one row, keeping one block's activations: the largest is a Mamba-2
     block's (by hand from reference/nemotron3.md, d_inner 8192, 128 heads, state 128, conv_dim 8192 + 2 x 8 x 128:
     36 x 8192 + 8 x 128 x (128 + 256) + 4 x 10240 + 8 x 4096 bytes per token, `training_bytes_per_token`'s
-    measured coefficients); the child's 16 bytes per parameter are what one node cannot hold (FSDP2's CPU
-    offload of them is not built)."""
+    measured coefficients); the child's 16 bytes per parameter are what one node cannot hold without
+    `gkd.offload`."""
     b200 = CATALOG.get("B200-180GB")
     two = footprint(SUPER, RECIPE, b200, gpus_per_node=8, nodes=2)
     assert two.fits
@@ -189,3 +189,46 @@ def test_the_published_recipe_fits_two_nodes_of_8_b200_with_one_recomputed_row_a
     assert kept["activations for backward"] > 40 * gkd["activations for backward"]  # 88 blocks' worth
     (message,) = footprint(SUPER, RECIPE, b200, gpus_per_node=8).shortfalls()
     assert "most of it child shard, grads and AdamW (fp32)" in message and message.endswith("try --nodes 2")
+
+
+def offloaded(micro_batch: int) -> Plan:
+    return RECIPE.with_settings(["gkd.offload=true", f"gkd.microBatch={micro_batch}"])
+
+
+def test_with_the_childs_state_offloaded_the_published_recipe_fits_one_node_of_8_b200() -> None:
+    """The child's float32 shard, gradients and AdamW moments move to host memory: 16 x 75.3B bytes per node
+    (1,122 GiB of the p6-b200.48xlarge's 2,048), none on the GPUs; eight rows a step then fit at once."""
+    b200 = CATALOG.get("B200-180GB")
+    one = footprint(SUPER, offloaded(8), b200, gpus_per_node=8)
+    assert one.fits and one.fitting_nodes == 1
+    gkd = next(need for need in one.stages if need.stage == "gkd")
+    assert not any(name.startswith("child shard") for name in gkd.parts)
+    assert gkd.host_parts == {"child shard, grads and AdamW (fp32, offloaded)": round(16 * 75.3e9 / 8)}
+    assert one.offloaded_bytes_per_node == pytest.approx(16 * 75.3e9, rel=1e-6)
+    assert not footprint(SUPER, RECIPE, b200, gpus_per_node=8).fits  # the same recipe without it
+
+
+def test_offloading_costs_its_copies_and_a_host_adamw_step_by_hand() -> None:
+    """Per step (45B tokens / (64 rows x 4,096) = 171,662 steps), each of a rank's micro-batches copies its
+    9.41B-parameter float32 shard in twice and its gradient out once at 50 GB/s, and the node's AdamW streams 28
+    bytes per child parameter at 400 GB/s."""
+    b200 = CATALOG.get("B200-180GB")
+    steps = -(-45_000_000_000 // (64 * 4096))
+    shard = 75.3e9 / 8
+    for micro_batch in (1, 8):
+        plain = next(need for need in footprint(SUPER, RECIPE, b200, gpus_per_node=8).stages if need.stage == "gkd")
+        moved = next(need for need in footprint(SUPER, offloaded(micro_batch), b200, gpus_per_node=8).stages
+                     if need.stage == "gkd")
+        copies = steps * (8 // micro_batch) * 3 * 4 * shard / 50e9
+        adamw = steps * 28 * 75.3e9 / 400e9
+        assert moved.seconds - plain.seconds == pytest.approx(copies + adamw, rel=1e-6)
+
+
+def test_a_node_without_the_host_memory_for_the_offloaded_child_is_refused_by_name() -> None:
+    """1,122 GiB of offloaded state does not fit a node of 512 GiB: three nodes hold a third each."""
+    small = CATALOG.get("B200-180GB").model_copy(update={"host_memory_gib": 512})
+    fp = footprint(SUPER, offloaded(8), small, gpus_per_node=8)
+    assert not fp.fits and not fp.host_fits and fp.fitting_nodes == 3
+    (message,) = fp.shortfalls()
+    assert message == ("GKD's offloaded child state needs 1,122 GiB of host memory per node, a B200-180GB node has "
+                       "512 GiB (its profile's hostMemoryGiB); try --nodes 3")

@@ -155,3 +155,34 @@ def test_recomputed_layers_and_a_chunked_kl_save_a_fraction_for_backward(
     monkeypatch.setattr(gkd, "KL_TOKENS", 16)
     frugal = saved(model, True)
     assert frugal < everything / 4, (frugal, everything)
+
+
+def test_an_offloaded_child_trains_the_child_a_device_held_one_trains(tiny_parent: Path, assembled: Path,
+                                                                      tmp_path: Path) -> None:
+    """`gkd.offload` keeps the child's shards in host memory. Here the device is the host, so the same numbers
+    must come out, to the bit, through FSDP2's offload policy, the clipping and the gathering that run it."""
+    parent = LazyDecoder(tiny_parent)
+    train = torch.randint(0, parent.arch.vocab_size, (12, 32), generator=torch.Generator().manual_seed(0))
+    children = {}
+    for offload in (False, True):
+        out = tmp_path / f"offload-{offload}" / "child"
+        losses = gkd.distill(assembled, out, parent, tiny_parent, train,
+                             Distillation(tokens=4 * 2 * 32, lr=1e-3, batch=2, offload=offload), 7, lambda _: None,
+                             None, 1e9)
+        children[offload] = (losses, weights(out))
+    assert children[True][0] == children[False][0]
+    assert all(torch.equal(tensor, children[False][1][name]) for name, tensor in children[True][1].items())
+
+
+def test_clipping_sharded_gradients_scales_them_to_the_bound(tiny_parent: Path) -> None:
+    """The norm is summed over the shards on the device: the gradients come out scaled by max_norm over their
+    norm, as float64 arithmetic on the whole gradients has it."""
+    model = gkd.sharded_model(tiny_parent, torch.device("cpu"))
+    ids = torch.randint(0, model.arch.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(ids, states=[]).square().mean().backward()  # the path that calls each sharded layer
+    before = [param.grad.full_tensor().double() for param in model.parameters()]
+    norm = float(torch.sqrt(sum(grad.square().sum() for grad in before)))
+    gkd.clip_gradients(model, 1e-3, torch.device("cpu"))
+    assert norm > 1e-3  # so the bound applies
+    for param, grad in zip(model.parameters(), before, strict=True):
+        assert torch.allclose(param.grad.full_tensor().double(), grad * 1e-3 / (norm + 1e-6), rtol=1e-5, atol=0)
