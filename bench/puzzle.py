@@ -1,13 +1,18 @@
-"""Puzzle vs width pruning in the Minitron style vs dropping layers, at matched measured decode speed, on
+"""Puzzle vs width pruning in the Minitron style vs dropping sub-blocks, at matched measured decode speed, on
 SmolLM2-135M, scored on a development set and on a test set of other genres, over several runs.
 
 Each run (its own seed) and throughput target: run `tailor compress` (a second target reuses the run's BLD and
 scores), then build both baselines from the parent at the Puzzle child's measured speed (`baselines.py`):
-- width pruning (Minitron): every layer keeps the same query heads per KV group and FFN width, the most important
-  by activation; the candidates, least pruned first, are every heads-per-group and FFN width (in steps of 64);
-- layer drop: whole layers removed in order of least Block Influence (ShortGPT), the fewest that reach the speed.
-A baseline is the first candidate whose speed-up comes within SPEED_MATCH of the Puzzle child's, from below or
-above; one that cannot is reported as not matched. Both then get the Puzzle child's GKD token budget.
+- width pruning (Minitron): every layer keeps the same query heads per KV group and FFN width, and the model
+  fewer embedding channels, the most important by activation; the candidates are every shape on that grid, the
+  most parameters first;
+- block drop: attention and FFN sub-blocks removed in order of least Block Influence (ShortGPT's measure, per
+  sub-block), the candidates one more sub-block at a time.
+The candidates are bisected on measured speed-up for the first to come within SPEED_MATCH of the Puzzle child's,
+and a few either side of it measured too; of those within SPEED_MATCH, the one of least KL to the parent on
+calibration text before distillation is the baseline. One that no candidate matches is reported as not matched.
+Both then get the Puzzle child's GKD token budget (a child with fewer embedding channels learns from the logits
+alone: its layer states cannot be compared with the parent's).
 
 Every speed-up is measured in one harness, in this process, as `tailor compress` checks its child: paired decode
 steps, the model's beside the parent's, SPEED_ROUNDS pairs (`calibration.speedup_pairs`), reported as their
@@ -21,7 +26,8 @@ set (news and Python's reference documentation: texts earlier runs were tuned ag
 scored it. The summary gives each model's mean and spread over the runs, and Puzzle's KL below the best
 baseline's on each set (mean over its domains).
 
-    .venv/bin/python bench/puzzle.py   # 3 runs at 1.5x and 2x, ~75 min each on 2 cores: bench/results/puzzle-test-set.*
+    .venv/bin/python bench/puzzle.py   # 3 runs at 1.5x and 2x, ~65 min each on 2 cores: bench/results/puzzle-test-set.*
+    .venv/bin/python bench/puzzle.py --resume   # keep the finished seeds and targets, run the rest
     .venv/bin/python bench/puzzle.py --runs 1 --set rounds=2 --results build/puzzle-rounds2.json   # a plan variant
 """
 
@@ -35,15 +41,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-import yaml
-from baselines import block_influence, drop_layers, minitron, minitron_importance, save_minitron
-from pydantic import ValidationError
+from baselines import block_influence, drop_slots, minitron, minitron_importance, minitron_shapes, save_minitron
 from transformers import AutoTokenizer
 
-from tailor.compressor.architecture import Attention, Mlp
 from tailor.compressor.checkpoint import load_decoder, save_decoder
 from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.lazy import LazyDecoder
@@ -51,9 +54,9 @@ from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.calibration import SPEED_TOLERANCE, speedup_pairs
 from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
-from tailor.compressor.puzzle.evaluate import quality
+from tailor.compressor.puzzle.evaluate import qualities, quality
 from tailor.compressor.puzzle.pipeline import resolve_parent
-from tailor.compressor.puzzle.plan import Plan, problems
+from tailor.compressor.puzzle.plan import Plan, PlanError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +67,7 @@ def log(message: str) -> None:
 
 SPEED_MATCH = 0.03  # a baseline's speed-up within 3% of the Puzzle child's, either way
 SPEED_ROUNDS = 7  # paired timings per speed-up
+NEIGHBOURS = {"minitron": 2, "drop": 1}  # candidates measured either side of the bisection's pick
 DEVELOPMENT = ["news", "python-docs"]  # texts earlier runs were tuned against
 TEST = ["wikipedia", "movie-reviews", "python-code"]  # fixed on 2026-12-05, before any run scored them
 
@@ -76,39 +80,68 @@ def speed(parent: Decoder, model: Decoder, plan: Plan) -> dict[str, float]:
     return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
 
 
-def matched(parent: Decoder, candidates: list[tuple[str, Any]], build: Any, goal: float,
-            plan: Plan) -> tuple[str, Decoder, dict[str, float], bool]:
-    """The first candidate (least compressed first) whose measured speed-up comes within SPEED_MATCH of `goal`
-    (True), else the first past it or the last one (False)."""
-    model, measured = None, {"median": 0.0}
-    for name, knob in candidates:
-        model = build(knob)
-        measured = speed(parent, model, plan)
-        within = abs(measured["median"] / goal - 1) <= SPEED_MATCH
-        log(f"  {name}: {measured['median']:.3f}x ({measured['min']:.3f}-{measured['max']:.3f}; goal {goal:.3f}x"
-            f"{', matched' if within else ''})")
-        if within or measured["median"] > goal:
-            return name, model, measured, within
-    assert model is not None
-    return candidates[-1][0], model, measured, False
+def matched(parent: Decoder, candidates: list[tuple[str, Any]], build: Callable[[Any], Decoder], goal: float,
+            plan: Plan, calibration: torch.Tensor, neighbours: int) -> tuple[int, dict[int, dict[str, Any]], bool]:
+    """Bisect `candidates` (least compressed first: speed-up rising with the index, give or take noise) for the
+    first whose measured speed-up comes within SPEED_MATCH of `goal`, then measure `neighbours` either side of it.
+    Of the measured candidates within SPEED_MATCH, the one of least KL to the parent on calibration text before
+    distillation is chosen (True); if none is, the one nearest the goal (False). Returns the chosen index and
+    every measured candidate's speed-up (and KL, where it was compared)."""
+    measured: dict[int, dict[str, Any]] = {}
+
+    def measure(index: int) -> float:
+        if index not in measured:
+            figures = speed(parent, build(candidates[index][1]), plan)
+            measured[index] = {"name": candidates[index][0], "speedup": figures}
+            within = abs(figures["median"] / goal - 1) <= SPEED_MATCH
+            log(f"  {candidates[index][0]}: {figures['median']:.3f}x ({figures['min']:.3f}-{figures['max']:.3f}; goal "
+                f"{goal:.3f}x{', within' if within else ''})")
+        return float(measured[index]["speedup"]["median"])
+
+    low, high = 0, len(candidates) - 1
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if measure(middle) < goal * (1 - SPEED_MATCH) else (low, middle)
+    for index in range(max(0, low - neighbours), min(len(candidates), low + neighbours + 1)):
+        measure(index)
+    within = [i for i, m in measured.items() if abs(m["speedup"]["median"] / goal - 1) <= SPEED_MATCH]
+    if not within:
+        return min(measured, key=lambda i: abs(measured[i]["speedup"]["median"] / goal - 1)), measured, False
+    for index in within:
+        measured[index]["calibration_kl"] = quality(build(candidates[index][1]), parent, calibration).kl
+        log(f"  {candidates[index][0]}: KL {measured[index]['calibration_kl']:.4f} on calibration text, undistilled")
+    return min(within, key=lambda i: measured[i]["calibration_kl"]), measured, True
 
 
 IN_DOMAIN = "in-domain"
 
 
-def evaluate(name: str, folder: Path, parent: LazyDecoder, texts: dict[str, torch.Tensor],
-             seconds: dict[str, float]) -> dict[str, Any]:
-    """Perplexity and KL to the parent on each text (the in-domain held-out split and every other domain)."""
-    model = LazyDecoder(folder)
-    scores = {domain: quality(model, parent, ids) for domain, ids in texts.items()}
-    return {"name": name, "kind": name.split()[0], "params": model.arch.total_params, "pattern": model.arch.pattern,
-            "domains": {domain: {"perplexity": q.perplexity, "kl": q.kl} for domain, q in scores.items()},
-            "stage_seconds": seconds}
+class Baseline(NamedTuple):
+    """A baseline's candidates (least compressed first), how many either side of the bisection's pick are
+    measured too, how a candidate's knob builds its model and how the model is saved."""
+
+    kind: str
+    template: str  # its label, from the chosen candidate's name
+    candidates: list[tuple[str, Any]]
+    neighbours: int
+    build: Callable[[Any], Decoder]
+    save: Callable[[Decoder, Path], None]
+
+
+def evaluate(children: dict[str, Path], parent: LazyDecoder,
+             texts: dict[str, torch.Tensor]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each child's perplexity and KL to the parent on each text (the in-domain held-out split and every other
+    domain), the parent's logits computed once per text for all of them."""
+    models = {"parent": parent, **{label: LazyDecoder(folder) for label, folder in children.items()}}
+    pairs = [(label, "parent") for label in children]
+    scores = {domain: qualities(models, pairs, ids) for domain, ids in texts.items()}
+    return {label: {domain: {"perplexity": scores[domain][(label, "parent")].perplexity,
+                             "kl": scores[domain][(label, "parent")].kl} for domain in texts} for label in children}
 
 
 def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of: Any,
         done: Callable[[list[dict[str, Any]]], None]) -> None:
-    """One run: for each target, Puzzle and both baselines at its measured speed, each scored on every text;
+    """One run: for each of `targets`, Puzzle and both baselines at its measured speed, each scored on every text;
     `done` gets each target's rows as soon as they are scored."""
     parallel.init(torch.device("cpu"))  # GKD needs a process group (one process here)
     parent = load_decoder(parent_dir).eval()
@@ -119,17 +152,26 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
     influence = block_influence(parent, calibration[:16])
     drop_order = sorted(range(len(influence)), key=lambda i: influence[i])
     importance = minitron_importance(parent, calibration, base.bld.batch)
-    attention, ffn = parent.arch.blocks[0].mixer, parent.arch.blocks[0].ffn
-    assert isinstance(attention, Attention) and isinstance(ffn, Mlp)
-    group = attention.num_heads // attention.num_kv_heads
-    # every heads-per-group and FFN width, the most parameters first (per layer and hidden channel)
-    widths = sorted(((m, w) for m in range(group, 0, -1) for w in range(ffn.intermediate_size, 63, -64)),
-                    key=lambda mw: -(2 * attention.num_kv_heads * mw[0] * attention.head_dim + 3 * mw[1]))
+    shapes = minitron_shapes(parent)
+    slots = parent.slots()
+
+    def dropped(k: int) -> str:
+        attention = sum(slots[i].kind == "mixer" for i in drop_order[:k])
+        return f"drop {k} sub-blocks ({attention} attention, {k - attention} FFN)"
+
+    baselines = [
+        Baseline("minitron", "minitron {}", [(str(shape), shape) for shape in shapes], NEIGHBOURS["minitron"],
+                 lambda shape: minitron(parent, importance, shape),
+                 lambda model, folder: save_minitron(model, folder, parent_dir)),
+        Baseline("drop", "{} (block influence)", [(dropped(k), k) for k in range(1, len(drop_order))],
+                 NEIGHBOURS["drop"],
+                 lambda k: drop_slots(parent, set(drop_order[:k])),
+                 lambda model, folder: save_decoder(model, folder, parent_dir))]
     from tailor.compressor.puzzle.pipeline import compress
 
-    first_out: Path | None = None
+    # a finished Puzzle run of this seed (another target, maybe of an earlier invocation) has the same library
+    first_out = next((out for out in sorted(work.glob("puzzle-*x")) if (out / "report.json").exists()), None)
     for target in targets:
-        rows: list[dict[str, Any]] = []
         plan = base.model_copy(update={"target": base.target.model_copy(update={"throughput": target})})
         out = work / f"puzzle-{target}x"
         if first_out is not None and not out.exists():
@@ -143,40 +185,53 @@ def run(base: Plan, parent_dir: Path, targets: list[float], work: Path, texts_of
         agrees = own is not None and abs(own / goal["median"] - 1) <= SPEED_TOLERANCE
         log(f"Puzzle child: {goal['median']:.3f}x ({goal['min']:.3f}-{goal['max']:.3f}) in paired steps; tailor "
             f"compress measured {own}x ({'within' if agrees else 'outside'} its {SPEED_TOLERANCE:.0%} tolerance)")
-        puzzle_seconds = {k: v for k, v in report.stage_seconds.items() if k.startswith("round")}
-        models = [("puzzle", out / "child", goal, True, puzzle_seconds)]
-        baselines = [
-            ("minitron", "minitron {}", [(f"{m} heads/group, ffn {w}", (m, w)) for m, w in widths],
-             lambda mw: minitron(parent, importance, *mw), lambda model, folder: save_minitron(model, folder,
-                                                                                             parent_dir)),
-            ("drop", "{} (block influence)", [(f"drop {k} layers", k) for k in range(1, len(drop_order))],
-             lambda k: drop_layers(parent, set(drop_order[:k])),
-             lambda model, folder: save_decoder(model, folder, parent_dir))]
-        for kind, template, candidates, builder, save in baselines:
+        rows = {"puzzle": {"kind": "puzzle", "speedup": goal, "speed_matched": True, "compress_speedup": own,
+                           "compress_speedup_agrees": agrees,
+                           "stage_seconds": {k: v for k, v in report.stage_seconds.items() if k.startswith("round")}}}
+        children = {"puzzle": out / "child"}
+        for kind, template, candidates, neighbours, builder, save in baselines:
             started = time.monotonic()
-            name, model, measured, within = matched(parent, candidates, builder, goal["median"], plan)
+            log(f"{kind}: searching {len(candidates)} candidates for {goal['median']:.3f}x")
+            index, searched, within = matched(parent, candidates, builder, goal["median"], plan,
+                                              calibration[:16], neighbours)
             seconds = {"search": time.monotonic() - started}
-            label, folder = template.format(name), work / f"{kind}-{target}x"
-            save(model, folder / "assembled")
-            del model
+            label, folder = template.format(candidates[index][0]), work / f"{kind}-{target}x"
+            save(builder(candidates[index][1]), folder / "assembled")
             log(f"GKD for {label}")
             began = time.monotonic()
             parallel.init(torch.device("cpu"))  # compress() closes its process group when it returns
             gkd.distill(folder / "assembled", folder / "child", parent_lazy, parent_dir, splits.train, plan.gkd,
                         plan.seed, log)
             seconds["gkd"] = time.monotonic() - began
-            models.append((label, folder / "child", measured, within, seconds))
-        for label, child_dir, measured, within, seconds in models:
-            row = evaluate(label, child_dir, parent_lazy, texts, seconds)
-            row.update(target=target, seed=base.seed, speedup=measured["median"],
-                       speedup_range=[measured["min"], measured["max"]], speed_matched=within)
-            if row["kind"] == "puzzle":
-                row.update(compress_speedup=own, compress_speedup_agrees=agrees)
-            rows.append(row)
+            children[label] = folder / "child"
+            rows[label] = {"kind": kind, "speedup": searched[index]["speedup"], "speed_matched": within,
+                           "candidates_measured": [searched[i] for i in sorted(searched)], "stage_seconds": seconds}
+        log(f"scoring {', '.join(children)} on {', '.join(texts)}")
+        scores = evaluate(children, parent_lazy, texts)
+        scored = []
+        for label, row in rows.items():
+            model = LazyDecoder(children[label]).arch
+            figures = row.pop("speedup")
+            row.update(name=label, target=target, seed=base.seed, params=model.total_params, pattern=model.pattern,
+                       speedup=figures["median"], speedup_range=[figures["min"], figures["max"]],
+                       domains=scores[label])
+            scored.append(row)
             log(f"{label}: " + ", ".join(f"{d} kl {q['kl']:.4f}" for d, q in row["domains"].items())
                 + f", {row['speedup']:.2f}x")
-        done(rows)
+        done(scored)
     parallel.finish()
+
+
+def kept(results: Path, plan: str, settings: list[str]) -> list[dict[str, Any]]:
+    """The rows of an earlier run of this bench with the same plan and settings (none if there is none)."""
+    if not results.exists():
+        return []
+    earlier = json.loads(results.read_text())
+    if (earlier["plan"], earlier["settings"]) != (plan, settings):
+        raise SystemExit(f"--resume: {results} holds {earlier['plan']} with {earlier['settings']}, not {plan} with "
+                         f"{settings}")
+    log(f"resuming: {len(earlier['rows'])} rows from {results}")
+    return list(earlier["rows"])
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -231,25 +286,6 @@ def summarise(rows: list[dict[str, Any]], sets: dict[str, list[str]]) -> list[di
     return summary
 
 
-def with_settings(plan: Plan, settings: list[str]) -> Plan:
-    """`plan` with FIELD=VALUE settings: FIELD a dotted path as the plan file spells it (`data.seqLen`), VALUE
-    read as YAML."""
-    data = plan.model_dump(mode="json", by_alias=True)
-    for setting in settings:
-        path, _, value = setting.partition("=")
-        *parents, leaf = path.split(".")
-        node: Any = data
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or leaf not in node:
-            raise SystemExit(f"--set {setting}: the plan has no field {path!r}")
-        node[leaf] = yaml.safe_load(value)
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as error:
-        raise SystemExit(f"--set {' '.join(settings)}: {problems(error)}") from error
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", type=Path, default=ROOT / "examples" / "plans" / "smollm2-cpu.yaml")
@@ -263,8 +299,14 @@ def main() -> int:
                         help="change the plan's fields, e.g. rounds=2 data.seqLen=512")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-puzzle")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "puzzle-test-set.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows --results holds (same plan and settings) and run only the seeds and "
+                             "targets it lacks")
     args = parser.parse_args()
-    base = with_settings(Plan.load(args.plan), args.settings)
+    try:
+        base = Plan.load(args.plan).with_settings(args.settings)
+    except PlanError as error:
+        raise SystemExit(str(error)) from error
     parent_dir = resolve_parent(base.parent)
     tokenizer = AutoTokenizer.from_pretrained(parent_dir)
     sets = {IN_DOMAIN: [IN_DOMAIN], "development": args.development, "test": args.test}
@@ -277,7 +319,7 @@ def main() -> int:
     in_domain = load_splits(base, tokenizer, args.work / "tokens").evaluation
     parent_quality = {domain: quality(parent, parent, ids).perplexity
                       for domain, ids in {IN_DOMAIN: in_domain, **other}.items()}
-    rows: list[dict[str, Any]] = []
+    rows = kept(args.results, str(args.plan), args.settings) if args.resume else []
     result: dict[str, Any] = {}
 
     def save(scored: list[dict[str, Any]]) -> None:
@@ -295,8 +337,13 @@ def main() -> int:
 
     for number in range(args.runs):
         plan = base.model_copy(update={"seed": base.seed + number})
-        run(plan, parent_dir, args.targets, args.work / f"run-{number}",
-            lambda splits: {IN_DOMAIN: splits.evaluation, **other}, save)
+        targets = [t for t in args.targets if {row["kind"] for row in rows
+                                                if (row["seed"], row["target"]) == (plan.seed, t)} != set(KINDS)]
+        if targets:
+            run(plan, parent_dir, targets, args.work / f"run-{number}",
+                lambda splits: {IN_DOMAIN: splits.evaluation, **other}, save)
+        else:
+            save([])
     print(f"parent ({parent.arch.total_params:,} params): ppl " +
           ", ".join(f"{d} {v:.2f}" for d, v in parent_quality.items()))
     print(f"{'target':>6} {'model':<9} {'speed-up':>13} " + " ".join(f"{d + ' KL':>20}" for d in domains))
@@ -323,7 +370,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     domains, targets = result["domains"], sorted({row["target"] for row in result["rows"]}, reverse=True)
     kinds = [("puzzle", "Puzzle"), ("minitron", "width pruned (Minitron)"),
-             ("drop", "layers dropped (Block Influence)")]
+             ("drop", "sub-blocks dropped (Block Influence)")]
     figure, axes = plt.subplots(1, len(targets), figsize=(8 * len(targets), 4.5), squeeze=False)
     for ax, target in zip(axes[0], targets, strict=True):
         width = 0.8 / len(kinds)

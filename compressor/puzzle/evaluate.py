@@ -47,13 +47,14 @@ def logit_chunks(models: Mapping[str, Decoder | LazyDecoder],
     folder."""
     rows = max(1, CHUNK_TOKENS // ids.shape[1])
     with tempfile.TemporaryDirectory(prefix="tailor-logits-") as folder, torch.no_grad():
-        for name, model in models.items():
+        for number, model in enumerate(models.values()):  # files by number: a name may hold any character
             final, head = final_and_head(model, ids)
             for i in range(0, ids.shape[0], rows):
-                torch.save(head(final[i:i + rows]).float(), Path(folder) / f"{name}.{i}.pt")
+                torch.save(head(final[i:i + rows]).float(), Path(folder) / f"{number}.{i}.pt")
             del final, head
         for i in range(0, ids.shape[0], rows):
-            yield ids[i:i + rows], {name: torch.load(Path(folder) / f"{name}.{i}.pt") for name in models}
+            yield ids[i:i + rows], {name: torch.load(Path(folder) / f"{number}.{i}.pt")
+                                    for number, name in enumerate(models)}
 
 
 def qualities(models: Mapping[str, Decoder | LazyDecoder], pairs: list[tuple[str, str]],
