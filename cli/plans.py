@@ -42,8 +42,9 @@ def needs(args: object, *flags: str) -> None:
 def add_corpus_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("text", "what calibration and evaluation read, by the rule `tailor compress` "
                                               "follows (its plan's data); with --plan, the plan's")
-    group.add_argument("--text", help="training text: a built-in corpus (books, the default; shakespeare, news, "
-                                      "python-docs, wikipedia, movie-reviews, python-code), a folder of .txt and "
+    group.add_argument("--text", help="training text: a built-in corpus (broad, the default: books, news and "
+                                      "python-docs together; books; shakespeare; news; python-docs; wikipedia; "
+                                      "movie-reviews; python-code), a folder of .txt and "
                                       ".jsonl files, or one such file")
     group.add_argument("--heldout", help="held-out text (the same forms), e.g. another domain; default: every "
                                          "--heldout-every-th document of --text")

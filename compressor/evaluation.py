@@ -46,7 +46,7 @@ def _compare(child: LazyDecoder, parent: LazyDecoder, ids: torch.Tensor) -> dict
 
 def evaluate(child: Path, parent: Path, min_retention: float, corpus: Corpus | None = None, seq_len: int = 256,
              eval_tokens: int = 4096) -> GateResult:
-    """The gate on `corpus`'s held-out text (default: the built-in books' held-out parts)."""
+    """The gate on `corpus`'s held-out text (default: the built-in broad corpus' held-out documents)."""
     corpus = corpus or Corpus()
     if not 0 < min_retention <= 1:
         raise ValueError(f"--min-retention must be in (0, 1], got {min_retention}")

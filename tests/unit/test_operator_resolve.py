@@ -169,7 +169,7 @@ def test_the_text_on_a_claim_becomes_the_plans_data_as_the_pods_see_it() -> None
         "seqLen": 128}
     every = resolve(example(data={**DATA, "heldOutEvery": 4}).spec, OWNER, 1, CATALOG, 1).puzzle.data
     assert (every.heldout, every.heldout_every, every.text_field) == (None, 4, "text")
-    assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "books"  # the demo default
+    assert resolve(example().spec, OWNER, 1, CATALOG, 1).puzzle.data.text == "broad"  # the demo default
     # the built-in text's held-out rule may be tuned; a claim's is spec.compression.data's
     tuned = compression_plan(example(planOverrides={"data": {"heldoutEvery": 4}}).spec, 1, Precision.NVFP4)
     assert tuned.data.heldout_every == 4

@@ -181,6 +181,17 @@ def test_the_books_corpus_is_many_authors_held_out_across_them() -> None:
     assert sum(d.path.name.endswith("_gut.txt") for d in heldout) < len(heldout) / 2
 
 
+def test_the_default_broad_corpus_is_books_news_and_python_docs_each_held_out_in_its_share() -> None:
+    assert Corpus().text == "broad"
+    files = text_files("broad")
+    for part in ("books", "news", "python-docs"):
+        mine = [f for f in files if f.name.startswith(f"{part}-")]
+        assert [f.read_bytes() for f in mine] == [f.read_bytes() for f in text_files(part)]
+    assert len(files) == sum(len(text_files(part)) for part in ("books", "news", "python-docs"))
+    _, heldout = split_texts(files, 8)
+    assert {d.path.name.split("-")[0] for d in heldout} == {"books", "news", "python"}  # every genre held out
+
+
 def test_other_domains_are_documents_of_their_own() -> None:
     news = text_files("news")
     assert len(news) == 300 and all(f.read_text().count("\n") == 1 for f in news)  # an article per file
