@@ -160,9 +160,22 @@ def implausible(found: Calibration) -> str | None:
     return None
 
 
-def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> float:
-    """The child's decode speed-up over the parent: the median of `rounds` paired step timings."""
-    return statistics.median(speedup_pairs(parent, child, work, rounds))
+class PairedSpeedup(BaseModel):
+    """A speed-up from interleaved pairs of step timings: their median, the range they span, and how many."""
+
+    median: float
+    low: float
+    high: float
+    pairs: int
+
+    def describe(self) -> str:
+        return f"{self.median:.3f}x ({self.low:.3f}-{self.high:.3f} over {self.pairs} interleaved pairs)"
+
+
+def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> PairedSpeedup:
+    """The child's decode speed-up over the parent in `rounds` paired step timings."""
+    pairs = speedup_pairs(parent, child, work, rounds)
+    return PairedSpeedup(median=statistics.median(pairs), low=min(pairs), high=max(pairs), pairs=len(pairs))
 
 
 def speedup_pairs(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> list[float]:

@@ -274,7 +274,8 @@ class Round:
                 assemble(current, chosen, self.folder / "bld", self.folder / "assembled", parent_dir)
             child_price = Price.total([fixed, *(prices[f"{v.slot}:{v.label}"] for v in chosen)])
             predicted = parent_price.decode_s / child_price.decode_s
-            summary.update(predicted_speedup=predicted, measured_speedup=None, searches=search)
+            summary.update(predicted_speedup=predicted, measured_speedup=None, measured_speedup_range=None,
+                           searches=search)
             if not measuring:
                 return summary, candidates
             assert timer is not None and whole is not None
@@ -282,18 +283,18 @@ class Round:
                 child = LazyDecoder(self.folder / "assembled", parent.dtype, parent.device).load()
                 measured = measured_speedup(whole, child, pricer.decode)
                 del child
-            summary["measured_speedup"] = measured
-            self.log(f"round {self.number}: the assembled child measured {measured:.3f}x the parent's decode speed, "
-                     f"the search predicted {predicted:.3f}x")
-            miss = speed_miss(predicted, measured)
+            summary.update(measured_speedup=measured.median, measured_speedup_range=[measured.low, measured.high])
+            self.log(f"round {self.number}: the assembled child measured {measured.describe()} the parent's decode "
+                     f"speed, the search predicted {predicted:.3f}x")
+            miss = speed_miss(predicted, measured.median)
             if miss <= SPEED_TOLERANCE:
                 return summary, candidates
             if search > RESOLVES:
                 raise SpeedCheckError(
-                    f"round {self.number}: the child measured {measured:.3f}x the parent's decode speed, the search "
-                    f"predicted {predicted:.3f}x (more than {SPEED_TOLERANCE:.0%} apart) after {search} searches, "
-                    "each on costs timed again; the timings on this machine do not describe the models it runs "
-                    "(run on a quiet machine, or set target.costs: roofline)")
+                    f"round {self.number}: the child measured {measured.median:.3f}x the parent's decode speed, the "
+                    f"search predicted {predicted:.3f}x (more than {SPEED_TOLERANCE:.0%} apart) after {search} "
+                    "searches, each on costs timed again; the timings on this machine do not describe the models it "
+                    "runs (run on a quiet machine, or set target.costs: roofline)")
             self.log(f"round {self.number}: {miss:.0%} off the prediction: timing every "
                      "variant and the parent again, then searching again")
             timer.remember({}, forget_the_rest=True)
@@ -386,6 +387,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
                                                                  "active_params"}),
                 achieved=summary["achieved"], score=summary["score"], alternatives=summary["alternatives"],
                 predicted_speedup=summary["predicted_speedup"], measured_speedup=summary["measured_speedup"],
+                measured_speedup_range=summary["measured_speedup_range"],
                 searches=summary["searches"], gkd_loss_first=losses[0], gkd_loss_last=losses[-1],
                 bld_nmse_median=statistics.median(nmse.values()) if nmse else 0.0)
             write_json(folder / "round.json", summary_model.model_dump())

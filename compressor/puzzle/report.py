@@ -27,7 +27,8 @@ class RoundSummary(BaseModel):
     score: float  # sum of the chosen variants' replace-1-block KLs
     alternatives: list[float]  # scores of the further distinct solutions
     predicted_speedup: float  # decode, the search's cost model, of the assembled child over the parent
-    measured_speedup: float | None  # the same, timed in paired steps after assembly (measured costs only)
+    measured_speedup: float | None  # the same, timed in paired steps after assembly (measured costs only): median
+    measured_speedup_range: list[float] | None = None  # the pairs' lowest and highest
     searches: int  # 1, or more when the measured speed-up missed the prediction and costs were timed again
     gkd_loss_first: float
     gkd_loss_last: float
@@ -66,13 +67,16 @@ class Report(BaseModel):
             f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
             f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
             f"Pattern (* attention, M Mamba, - MLP, E MoE; L linear, 0 removed): `{c.pattern}`", "",
-            "| round | achieved | score | speed-up predicted / measured | searches | GKD loss first -> last |",
+            "| round | achieved | score | speed-up predicted / measured (median, range of paired steps) | searches "
+            "| GKD loss first -> last |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         for r in self.rounds:
             achieved = ", ".join(f"{k} {v}" for k, v in r.achieved.items())
             losses = f"{r.gkd_loss_first:.4f} -> {r.gkd_loss_last:.4f}"
-            speed = f"{r.predicted_speedup:.3f}x / {_figure(r.measured_speedup, '.3f')}"
+            spread = f" ({r.measured_speedup_range[0]:.3f}-{r.measured_speedup_range[1]:.3f})" \
+                if r.measured_speedup_range else ""
+            speed = f"{r.predicted_speedup:.3f}x / {_figure(r.measured_speedup, '.3f')}{spread}"
             lines.append(f"| {r.round} | {achieved} | {r.score:.4f} | {speed} | {r.searches} | {losses} |")
         lines += ["", "| layer | mixer | FFN |", "| --- | --- | --- |"]
         lines += [f"| {i} | {b['mixer'] or '-'} | {b['ffn'] or '-'} |" for i, b in enumerate(self.blocks)]

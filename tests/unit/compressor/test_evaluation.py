@@ -28,20 +28,23 @@ def degraded(tiny_hybrid: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return folder
 
 
+BOOKS = Corpus(text="books")  # held-out parts of Shakespeare (the toy hybrid's training text) and other books
+
+
 def test_a_model_keeps_all_of_its_own_quality(tiny_hybrid: Path) -> None:
-    result = evaluate(tiny_hybrid, tiny_hybrid, 0.97, seq_len=64, eval_tokens=512)
+    result = evaluate(tiny_hybrid, tiny_hybrid, 0.97, BOOKS, seq_len=64, eval_tokens=512)
     assert result.retention == 1.0 and result.passed and result.kl_to_parent < 1e-6
     assert 0.05 < result.parent_score < 0.6  # a trained model predicts a real share of held-out tokens
     assert result.tokens == 512 and result.parent_perplexity == pytest.approx(result.child_perplexity)
 
 
 def test_a_worse_child_loses_quality_and_fails_the_floor(tiny_hybrid: Path, degraded: Path, tmp_path: Path) -> None:
-    result = evaluate(degraded, tiny_hybrid, 0.97, seq_len=64, eval_tokens=512)
+    result = evaluate(degraded, tiny_hybrid, 0.97, BOOKS, seq_len=64, eval_tokens=512)
     print(f"retention {result.retention:.3f}, KL {result.kl_to_parent:.3f}")
     assert result.retention < 0.97 and not result.passed and result.kl_to_parent > 0.1
     out = tmp_path / "termination-log"
     assert main(["evaluate", "--model", str(degraded), "--parent", str(tiny_hybrid), "--min-retention", "0.5",
-                 "--eval-tokens", "512", "--result-file", str(out)]) == 0
+                 "--text", "books", "--eval-tokens", "512", "--result-file", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["min_retention"] == 0.5 and written["passed"] == (written["retention"] >= 0.5)
     assert len(out.read_bytes()) < 4096

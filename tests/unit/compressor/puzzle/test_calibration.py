@@ -15,7 +15,13 @@ from tailor.compressor.architecture import Architecture, Attention, Block, Mlp, 
 from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.modeling import Decoder, ModelSettings
 from tailor.compressor.puzzle import calibration, pipeline
-from tailor.compressor.puzzle.calibration import CalibrationError, SpeedCheckError, calibrate, without_blocks
+from tailor.compressor.puzzle.calibration import (
+    CalibrationError,
+    PairedSpeedup,
+    SpeedCheckError,
+    calibrate,
+    without_blocks,
+)
 from tailor.compressor.puzzle.plan import Plan, Target
 from tailor.compressor.puzzle.pricing import Pricer
 
@@ -152,7 +158,8 @@ def _measured_run(monkeypatch: pytest.MonkeyPatch, parent: Path, tmp_path: Path,
     Clock(monkeypatch)
     monkeypatch.setattr(pipeline, "MeasuredCosts",
                         lambda dev: measure.MeasuredCosts(cache_file=tmp_path / "costs.json", dev=dev))
-    monkeypatch.setattr(pipeline, "measured_speedup", lambda *_: measured)
+    monkeypatch.setattr(pipeline, "measured_speedup",
+                        lambda *_: PairedSpeedup(median=measured, low=0.9 * measured, high=1.1 * measured, pairs=5))
     if misses is not None:
         monkeypatch.setattr(pipeline, "speed_miss", lambda *_: next(misses))
     return Plan.model_validate(tiny_plan(parent, target={"gpu": "cpu", "throughput": 1.2, "context": 32,
@@ -177,4 +184,5 @@ def test_a_miss_that_goes_away_once_re_measured_is_reported(monkeypatch: pytest.
     assert report is not None
     (summary,) = report.rounds
     assert summary.searches == 2 and summary.measured_speedup == 1.25 and summary.predicted_speedup >= 1.2 - 1e-9
-    assert "| 1.2" in report.markdown() and "x / 1.250 | 2 |" in report.markdown()
+    assert summary.measured_speedup_range == pytest.approx([1.125, 1.375])
+    assert "| 1.2" in report.markdown() and "x / 1.250 (1.125-1.375) | 2 |" in report.markdown()
