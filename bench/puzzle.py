@@ -15,7 +15,7 @@ Both then get the Puzzle child's GKD token budget (a child with fewer embedding 
 alone: its layer states cannot be compared with the parent's).
 
 Every speed-up is measured in one harness, in this process, as `tailor compress` checks its child: paired decode
-steps, the model's beside the parent's, SPEED_ROUNDS pairs (`calibration.speedup_pairs`), reported as their
+steps, the model's beside the parent's, SPEED_ROUNDS pairs (`calibration.measured_speedup`), reported as their
 median and range, so a machine that slows down during a run slows both sides of every pair. The Puzzle child's
 median is compared with the figure `tailor compress` measured for it (its closed loop's tolerance,
 `calibration.SPEED_TOLERANCE`).
@@ -26,7 +26,7 @@ set (news and Python's reference documentation: texts earlier runs were tuned ag
 scored it. The summary gives each model's mean and spread over the runs, and Puzzle's KL below the best
 baseline's on each set (mean over its domains).
 
-    .venv/bin/python bench/puzzle.py   # 3 runs at 1.5x and 2x, ~65 min each on 2 cores: bench/results/puzzle-test-set.*
+    .venv/bin/python bench/puzzle.py   # 3 runs at 1.5x and 2x, ~1 h each, 2 cores: bench/results/puzzle-test-set.*
     .venv/bin/python bench/puzzle.py --resume   # keep the finished seeds and targets, run the rest
     .venv/bin/python bench/puzzle.py --runs 1 --set rounds=2 --results build/puzzle-rounds2.json   # a plan variant
 """
@@ -52,7 +52,7 @@ from tailor.compressor.costs import Phase, Workload
 from tailor.compressor.lazy import LazyDecoder
 from tailor.compressor.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
-from tailor.compressor.puzzle.calibration import SPEED_TOLERANCE, speedup_pairs
+from tailor.compressor.puzzle.calibration import SPEED_TOLERANCE, measured_speedup
 from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
 from tailor.compressor.puzzle.evaluate import qualities, quality
 from tailor.compressor.puzzle.pipeline import resolve_parent
@@ -76,8 +76,8 @@ def speed(parent: Decoder, model: Decoder, plan: Plan) -> dict[str, float]:
     """`model`'s decode speed-up over `parent` at the plan's batch and context: median and range of paired
     steps."""
     work = Workload(phase=Phase.DECODE, batch=plan.target.batch, context=plan.target.context)
-    pairs = speedup_pairs(parent, model, work, SPEED_ROUNDS)
-    return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
+    paired = measured_speedup(parent, model, work, SPEED_ROUNDS)
+    return {"median": paired.median, "min": paired.low, "max": paired.high}
 
 
 def matched(parent: Decoder, candidates: list[tuple[str, Any]], build: Callable[[Any], Decoder], goal: float,

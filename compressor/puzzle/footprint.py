@@ -168,8 +168,9 @@ class Footprint(BaseModel):
 # --- sizes --------------------------------------------------------------------------------------------
 
 
-def offload_bytes(child_params: float, ranks: int) -> int:
-    """A rank's offloaded GKD child state in host memory: its float32 shard, gradients and AdamW's moments."""
+def child_state_bytes(child_params: float, ranks: int) -> int:
+    """A rank's share of GKD's child training state: its float32 shard, gradients and AdamW's moments (on the
+    device, or in host memory with `gkd.offload`)."""
     return round(SHARDED_TRAIN_BYTES * child_params / ranks)
 
 
@@ -356,13 +357,13 @@ class _Model:
         `gkd.offload` the child's shard, gradients and AdamW moments are in host memory (`gkd_host`); a block's
         float32 shard and its gradient pass through the device."""
         plan, arch, seq = self.plan, self.arch, self.seq
-        rows, held, steps = self.gkd_rows(ranks)
-        held *= seq  # tokens a forward and backward holds
+        rows, micro, steps = self.gkd_rows(ranks)
+        held = micro * seq  # tokens a forward and backward holds
         gathered = 2 if self.fb == 2 else 4
         saved = (max(sum(training_bytes_per_token(part, self.hidden, seq) for part in block.parts())
                      for block in arch.blocks) if plan.gkd.recompute else saved_bytes_per_token(arch, seq))
         child = ({"a block's shard and its gradient in transit (fp32)": 2 * 4 * math.ceil(self.block_max / ranks)}
-                 if plan.gkd.offload else {"child shard, grads and AdamW (fp32)": offload_bytes(self.child, ranks)})
+                 if plan.gkd.offload else {"child shard, grads and AdamW (fp32)": child_state_bytes(self.child, ranks)})
         parts = {**child,
                  "one child block gathered, and its gradients": 2 * self.block_max * gathered,
                  "teacher block": self.lmax,
@@ -389,7 +390,7 @@ class _Model:
         """A rank's share of host memory with `gkd.offload`: its shard of the child's training state."""
         if not self.plan.gkd.offload:
             return {}
-        return {"child shard, grads and AdamW (fp32, offloaded)": offload_bytes(self.child, ranks)}
+        return {"child shard, grads and AdamW (fp32, offloaded)": child_state_bytes(self.child, ranks)}
 
     def offload_seconds(self, ranks: int) -> float:
         """What `gkd.offload` adds to GKD, not overlapped with compute (an upper bound): every micro-batch copies
