@@ -15,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell sha256sum constraints-vllm.txt | c
 IMAGE_TOOLS := buildah=1.28.2+ds1-3+deb12u1+b3 podman=4.3.1+ds1-8+deb12u1+b3 skopeo=1.9.3+ds1-1+b10 \
 	debootstrap=1.0.128+nmu2+deb12u2
 
-.PHONY: help setup engine build up down demo test test-operator lint image-tools images chart
+.PHONY: help setup engine build up down demo test test-operator lint docs image-tools images chart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -63,13 +63,18 @@ chart: setup ## package the Helm chart into build/chart; CHART_REPO=oci://<regis
 images: setup image-tools ## build the operator and runtime images as OCI archives in build/images (buildah, root)
 	$(BIN)/python images/build.py $(IMAGES)
 
-lint: setup ## ruff, mypy, import contracts, CRD in sync with the models
+lint: setup ## ruff, mypy, import contracts, generated files in sync, the documentation site (warnings fail)
 	$(BIN)/ruff check .
 	@# mypy resolves `tailor.*` through a link farm shaped like the installed package
 	mkdir -p build/typecheck/tailor && for d in $(PACKAGES); do ln -sfn ../../../$$d build/typecheck/tailor/$$d; done
 	MYPYPATH=build/typecheck $(BIN)/mypy $(foreach d,$(PACKAGES),-p tailor.$(d))
 	$(BIN)/lint-imports
 	$(TAILOR) crd generate --check
+	$(TAILOR) docs generate --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs: setup ## serve the documentation site at http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 test: build image-tools lint ## lint, then every test (cluster tests start the devcluster once)
 	$(TAILOR) devcluster build --kueue --registry

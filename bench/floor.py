@@ -68,7 +68,7 @@ class Floor:
         self.stopped = threading.Event()
         self.threads = [threading.Thread(target=self._worker, daemon=True) for _ in range(WORKERS)]
         self.threads += [threading.Thread(target=self._watch, args=watched, daemon=True) for watched in (
-            (self._on_model, self.objects.list_namespaced_custom_object, model.GROUP, model.VERSION, namespace,
+            (self._on_model, self.objects.list_namespaced_custom_object, model.GROUP, model.API_VERSION, namespace,
              model.PLURAL),
             (self._on_job, self.batch.list_namespaced_job, namespace),
             (self._on_deployment, self.apps.list_namespaced_deployment, namespace))]
@@ -179,7 +179,7 @@ class Floor:
                 rollout.create_revision(p, spec, plan, sized[pool.name], first=True)
         self._send(p)
         if all(revision in done for revision in revisions):
-            self.objects.patch_namespaced_custom_object_status(model.GROUP, model.VERSION, self.namespace,
+            self.objects.patch_namespaced_custom_object_status(model.GROUP, model.API_VERSION, self.namespace,
                                                                model.PLURAL, name, {"status": {"phase": "Ready"}})
             self.ready.add(name)
             measured = speedup.measured_pool(spec)

@@ -228,7 +228,7 @@ def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess
         deadline = time.monotonic() + args.timeout
         while len(ready) < args.models and (left := deadline - time.monotonic()) > 1:
             stream = watch.Watch()
-            for event in stream.stream(objects.list_namespaced_custom_object, model.GROUP, model.VERSION, NAMESPACE,
+            for event in stream.stream(objects.list_namespaced_custom_object, model.GROUP, model.API_VERSION, NAMESPACE,
                                        model.PLURAL, timeout_seconds=int(left)):
                 item = event["object"]
                 name = item["metadata"]["name"]
@@ -244,7 +244,7 @@ def run(layout: cluster.Layout, args: argparse.Namespace, controller: subprocess
     for index in range(args.models):
         body = manifest(index)
         created[body["metadata"]["name"]] = time.monotonic()
-        objects.create_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, body)
+        objects.create_namespaced_custom_object(model.GROUP, model.API_VERSION, NAMESPACE, model.PLURAL, body)
     print(f"created {args.models} CompressedModels in {time.monotonic() - started:.1f} s", file=sys.stderr)
     last_report = time.monotonic()
     while not done.wait(5):
@@ -353,7 +353,7 @@ def stage_seconds(objects: client.CustomObjectsApi) -> dict[str, float]:
         return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
     spans: dict[str, list[float]] = {}
-    for item in objects.list_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL)["items"]:
+    for item in objects.list_namespaced_custom_object(model.GROUP, model.API_VERSION, NAMESPACE, model.PLURAL)["items"]:
         stages = (item.get("status") or {}).get("stages", [])
         if stages and stages[0].get("startedAt"):
             spans.setdefault("createToFirstStage", []).append(at(stages[0]["startedAt"]) -

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from tailor.cli import compress, demo, plans, quantize, run_operator, serving, size
+from tailor.cli import compress, demo, generated, plans, quantize, run_operator, serving, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -22,7 +22,7 @@ DEVCLUSTER_EXAMPLES = """examples:
 """
 
 CRD_EXAMPLES = """examples:
-  tailor crd generate            # rewrite the CRD (crds/ and the chart's crds/) and docs/reference.md
+  tailor crd generate            # rewrite the CRD (crds/ and the chart's crds/) and docs/reference/compressedmodel.md
   tailor crd generate --check    # exit 1 if any of them is out of date
   tailor crd generate --stdout | kubectl apply -f -
 """
@@ -70,11 +70,20 @@ def _crd(args: argparse.Namespace) -> int:
     if args.stdout:
         sys.stdout.write(crd.render_crd())
         return 0
-    if args.check:
-        for path in crd.stale():
-            print(f"{path} is out of date: run `tailor crd generate`", file=sys.stderr)
-        return 1 if crd.stale() else 0
-    for path in crd.write_generated():
+    return _generate(crd.generated(), args.check, "tailor crd generate")
+
+
+def _docs(args: argparse.Namespace) -> int:
+    return _generate(generated.docs(build_parser()), args.check, "tailor docs generate")
+
+
+def _generate(files: dict[Path, str], check: bool, command: str) -> int:
+    """Write generated files, or with `check` name those out of date (exit 1)."""
+    if check:
+        for path in generated.stale(files):
+            print(f"{path} is out of date: run `{command}`", file=sys.stderr)
+        return 1 if generated.stale(files) else 0
+    for path in generated.write(files):
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -111,11 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     crd_verbs = crd.add_subparsers(dest="verb", required=True)
     generate = crd_verbs.add_parser(
-        "generate", help="write the CRD (crds/, charts/tailor/crds/) and docs/reference.md from the models")
+        "generate",
+        help="write the CRD (crds/, charts/tailor/crds/) and docs/reference/compressedmodel.md from the models")
     mode = generate.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 when a generated file differs from the models")
     mode.add_argument("--stdout", action="store_true", help="print instead of writing")
     crd.set_defaults(run=_crd)
+
+    docs = nouns.add_parser("docs", help="the documentation site's generated reference pages")
+    docs_verbs = docs.add_subparsers(dest="verb", required=True)
+    docs_generate = docs_verbs.add_parser(
+        "generate", help="write docs/reference/cli.md (from this command) and docs/reference/chart-values.md (from "
+                         "the chart's values.yaml and values.schema.json)")
+    docs_generate.add_argument("--check", action="store_true",
+                               help="exit 1 when a generated page differs from its source")
+    docs.set_defaults(run=_docs)
 
     size.add_parser(nouns)
     demo.add_parser(nouns)

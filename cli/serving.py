@@ -31,14 +31,14 @@ def _openai(args: argparse.Namespace) -> int:
 
 def _package(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs
-    from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_pod
+    from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan
     from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.serving.engines import Engine
     from tailor.compressor.serving.repository import package
 
     plan = BuildPlan.load(args.plan) if args.plan else None
-    if plan is not None:  # the operator sized the pool: nothing is re-derived here
+    if plan is not None:  # the operator sized the pool and computed vLLM's arguments: nothing is re-derived here
         pool = plan.pool
         if pool is None:
             raise ValueError(f"{args.plan}: the build plan names no pool to package for")
@@ -47,7 +47,7 @@ def _package(args: argparse.Namespace) -> int:
                            plan.catalog().get(pool.gpu_profile), pool.context, engine=pool.engine,
                            max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
                            threads=args.threads, dtype=PACKAGE_DTYPE, tensor_parallel=pool.tensor_parallel,
-                           mount=repository_in_pod(folder), sizing=pool.sizing)
+                           sizing=pool.sizing, vllm_args=pool.engine_args)
         if pool.measure_speedup:
             _package_pair(plan)
     else:

@@ -1,7 +1,7 @@
 """The build plan: every decision about one CompressedModel build, made once by the operator and read by each
 stage Job (`tailor compress|quantize|evaluate|package --plan plan.yaml`). No Job re-derives anything: the
 precision, the KV-cache dtype, the GPU profiles in force, the paths on the artifacts claim and, for a
-package Job, its pool's sizing are all here. No torch.
+package Job, its pool's sizing and vLLM engine arguments are all here. No torch.
 
 Layout of the artifacts claim (`ArtifactLayout`), per object `<name>-<uid8>`:
 
@@ -17,16 +17,16 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
 from tailor.compressor.memory import KvDtype
 from tailor.compressor.puzzle.plan import Plan, PlanError, problems
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.serving.engines import MAX_BATCH_CAP, Engine
 from tailor.compressor.sizing import Sizing
 
 # libyaml's emitter and parser where PyYAML has them (several times the pure-Python ones: the operator writes a plan
@@ -42,7 +42,6 @@ SOURCE_MOUNT = "/source"  # a pvc:// parent's claim, read-only, in stage pods
 DATA_MOUNT = "/data"  # the claim of spec.compression.data, read-only, in the build stages' pods
 PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
 REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
-MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs), whatever memory allows
 PACKAGE_DTYPE = "bfloat16"  # what the package Jobs serve unquantized weights in
 Stage = Literal["compress", "quantize", "evaluate", "package", "speed"]
 BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
@@ -117,7 +116,9 @@ class QuantizeStep(_Model):
 
 
 class EvaluateStep(_Model):
-    min_retention: float = Field(gt=0, le=1)
+    min_retention: float = Field(gt=0, le=1, description="The floor the operator gates at (the evaluate pod's own "
+                                 "verdict is not trusted); a generation that changes only the floor gets the build's "
+                                 "plan with its own.")
     eval_tokens: int = Field(ge=16)
 
 
@@ -139,8 +140,19 @@ class PoolServing(_Model):
     quantized: bool = Field(True, description="Serve the quantized checkpoint; false: the BF16 child (where the "
                                               "pool's engine cannot run the quantized one).")
     sizing: Sizing
+    engine_args: dict[str, Any] | None = Field(None, description="vLLM's engine arguments, which the package Job "
+                                               "writes into model.json as they are (`engines.engine_args`, as "
+                                               "the revision's annotation shows them); none for the Python engine.")
     measure_speedup: bool = Field(False, description="Also package the BF16 child and the parent side by side "
                                                      "for the served speed-up (`tailor speed`).")
+
+    @model_validator(mode="after")
+    def _engine_args_for_vllm(self) -> PoolServing:
+        """vLLM pools carry their engine arguments; the Python engine has none."""
+        if (self.engine is Engine.VLLM) != (self.engine_args is not None):
+            raise ValueError(f"engine {self.engine.value} with{'out' if self.engine_args is None else ''} "
+                             "engine arguments")
+        return self
 
 
 class BuildPlan(_Model):

@@ -132,7 +132,7 @@ class Demo:
             name = body["metadata"]["name"]
             names.append(name)
             self.delete(name)  # a demo starts from scratch
-            custom.create_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, body)
+            custom.create_namespaced_custom_object(model.GROUP, model.API_VERSION, NAMESPACE, model.PLURAL, body)
             log(f"applied CompressedModel {NAMESPACE}/{name} (target {body['spec']['compression']['targetGPU']})")
         return names
 
@@ -142,7 +142,7 @@ class Demo:
         core: Any = client.CoreV1Api(self.api)
         claim = f"{name}-artifacts"
         for remove, read, what in (
-                (lambda: custom.delete_namespaced_custom_object(model.GROUP, model.VERSION, NAMESPACE, model.PLURAL,
+                (lambda: custom.delete_namespaced_custom_object(model.GROUP, model.API_VERSION, NAMESPACE, model.PLURAL,
                                                                 name),
                  lambda: self.get(name), f"CompressedModel {name}"),
                 (lambda: core.delete_namespaced_persistent_volume_claim(claim, NAMESPACE),
@@ -164,7 +164,7 @@ class Demo:
     def get(self, name: str) -> dict[str, Any] | None:
         try:
             found: Any = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
-                model.GROUP, model.VERSION, NAMESPACE, model.PLURAL, name)
+                model.GROUP, model.API_VERSION, NAMESPACE, model.PLURAL, name)
             return dict(found)
         except ApiException as error:
             if error.status == 404:
@@ -220,9 +220,8 @@ class Demo:
     def ask(self, body: dict[str, Any], pool: str) -> dict[str, Any]:
         """The pool's Triton answers PROMPT through its engine; with vLLM, the engine's own count of the
         concurrent requests its KV cache holds is read from the pod's metrics beside the sizing's."""
-        from tailor.compressor.buildplan import MAX_BATCH_CAP
         from tailor.compressor.serving.client import generate, infer
-        from tailor.compressor.serving.engines import Engine
+        from tailor.compressor.serving.engines import Engine, max_num_seqs
 
         name = body["metadata"]["name"]
         status = next(p for p in body["status"]["pools"] if p["name"] == pool)
@@ -232,7 +231,7 @@ class Demo:
         if status.get("engine") == Engine.VLLM:
             done = generate(f"127.0.0.1:{ports['grpc']}", name, PROMPT, {"max_tokens": 24, "temperature": 0})
             text, tokens = done.text, done.output_tokens
-            result["predicted_concurrency"] = min(status["concurrencyPerReplica"], MAX_BATCH_CAP)
+            result["predicted_concurrency"] = max_num_seqs(status["concurrencyPerReplica"])
             result["engine_concurrency"] = engine_metric(ports["metrics"], "tailor_engine_max_concurrency", name)
             result["openai"] = chat(ports["openai"], name, PROMPT)
         else:

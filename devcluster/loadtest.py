@@ -243,7 +243,7 @@ def demo_model(api: client.ApiClient) -> dict[str, Any] | None:
     name = yaml.safe_load(demo.EXAMPLE.read_text())["metadata"]["name"]
     try:
         body: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            model.GROUP, model.VERSION, demo.NAMESPACE, model.PLURAL, name)
+            model.GROUP, model.API_VERSION, demo.NAMESPACE, model.PLURAL, name)
     except client.exceptions.ApiException:
         return None
     return dict(body) if (body.get("status") or {}).get("phase") == "Ready" else None

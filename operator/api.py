@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 from tailor.compressor import hardware
 
 GROUP = "tailor.dev"
-VERSION = "v1alpha1"
+API_VERSION = "v1alpha1"
 KIND = "CompressedModel"
 PLURAL = "compressedmodels"
 SINGULAR = "compressedmodel"
@@ -35,18 +35,6 @@ MAX_BATCH = 4096  # tailor.compressor.puzzle.plan.Target.batch
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
-
-
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": 10**-3}
-
-
-def quantity_value(quantity: str) -> float:
-    """A Kubernetes quantity (2Gi, 500m, 1.5T) as a number."""
-    for suffix in sorted(_UNITS, key=len, reverse=True):
-        if quantity.endswith(suffix):
-            return float(quantity[:-len(suffix)]) * _UNITS[suffix]
-    return float(quantity)
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -67,31 +55,21 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
-class GpuProfile(StrEnum):
-    """GPU profiles a model can be compressed for: the built-in ones of `tailor.compressor.hardware`."""
-
-    H100_80GB = "H100-80GB"
-    H200_141GB = "H200-141GB"
-    B200_180GB = "B200-180GB"
-    GB200_186GB = "GB200-186GB"
-    A100_40GB = "A100-40GB"
-    A100_80GB = "A100-80GB"
-    L40S_48GB = "L40S-48GB"
-    L4_24GB = "L4-24GB"
-    CPU = "cpu"
-
-
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
+# The GPU profiles a model can be compressed for (`spec.compression.targetGPU`): the built-ins of
+# compressor/gpus.yaml, one member each (H100_80GB = "H100-80GB"), so the CRD's enum is that file's list.
+TargetGpu = StrEnum("TargetGpu", [(p.name.upper().replace("-", "_"), p.name)  # type: ignore[misc]
+                                  for p in _BUILTIN_GPUS])
 VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written
 # images/Dockerfile's runtime target: the stage Jobs, and Triton pods of the Python fallback engine
 RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"
 # NVIDIA's Triton with its vLLM backend (chosen by tag; not pulled on the development machines, which reach
 # no registry): the engine of every GPU pool
 TRITON_VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.11-vllm-python-py3"
-NO_FP8_PROFILES = tuple(GpuProfile(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
+NO_FP8_PROFILES = tuple(TargetGpu(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 
-def _cel_list(profiles: tuple[GpuProfile, ...]) -> str:
+def _cel_list(profiles: tuple[TargetGpu, ...]) -> str:
     return "[" + ", ".join(f"'{p.value}'" for p in profiles) + "]"
 
 
@@ -273,7 +251,7 @@ class CompressionSpec(ApiModel):
 
     model_config = ConfigDict(json_schema_extra=cel_rules(ACTIVE_WITHIN_TOTAL, SOME_TARGET, OVERRIDES_NOT_DECIDED))
 
-    target_gpu: GpuProfile = Field(alias="targetGPU", description="GPU profile the child is searched for.")
+    target_gpu: TargetGpu = Field(alias="targetGPU", description="GPU profile the child is searched for.")
     memory_budget_per_gpu: Quantity | None = Field(
         default=None, alias="memoryBudgetPerGPU",
         description="Memory the model may use on one GPU (weights, KV cache and state), e.g. 78Gi.")
@@ -307,7 +285,8 @@ class CompressionSpec(ApiModel):
                                   "stories and Python's reference documentation), a demo default.")
     min_quality_retention: float = Field(
         default=0.97, gt=0, le=1,
-        description="Share of the parent's quality the child must keep to pass the quality gate.")
+        description="Share of the parent's quality the child must keep to pass the quality gate. Changing it does "
+        "not rebuild: the gate is decided again from the measured scores (status.quality).")
     quality_tokens: int = Field(
         default=4096, ge=256, le=10_000_000,
         description="Held-out tokens the quality gate (and the quantization report) compares child and parent on.")
@@ -330,14 +309,14 @@ class CompressionSpec(ApiModel):
         return self
 
 
-Precision = Literal["auto", "nvfp4", "fp8", "none"]
+RequestedPrecision = Literal["auto", "nvfp4", "fp8", "none"]
 KvCacheDtype = Literal["auto", "fp8", "bf16", "fp16"]
 
 
 class QuantizationSpec(ApiModel):
     """Post-compression quantization with nvidia-modelopt."""
 
-    precision: Precision = Field(
+    precision: RequestedPrecision = Field(
         default="auto", description="Weight precision: auto picks nvfp4 on Blackwell, fp8 on Hopper and Ada, "
         "none elsewhere.")
     kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV-cache dtype; auto follows precision.")
@@ -765,7 +744,11 @@ class QualityReport(StatusModel):
     parent_score: float | None = None
     child_score: float | None = None
     retention: float | None = Field(default=None, ge=0, description="child / parent, compared with the floor.")
+    min_quality_retention: float | None = Field(default=None, description="The floor the verdict was decided at: "
+                                                "the plan's (status.build.planGeneration).")
     passed: bool | None = None
+    simulated: str | None = Field(default=None, max_length=512, description="Why the scores are canned (the "
+                                  "devcluster's simulated pools), not measured.")
 
 
 class RevisionFailure(StatusModel):
@@ -804,10 +787,16 @@ class PoolStatus(StatusModel):
 
 
 class BuildStatus(StatusModel):
-    """The artifacts the current spec is built into: reused by later generations that change only deployment."""
+    """The artifacts the current spec is built into: reused by later generations that change only deployment or
+    minQualityRetention."""
 
     generation: int = Field(ge=0, description="The generation whose Jobs build (or built) the artifacts.")
-    fingerprint: str = Field(description="Hash of the spec fields the artifacts depend on.")
+    fingerprint: str = Field(description="Hash of the spec fields the artifacts depend on (not "
+                             "minQualityRetention).")
+    plan_generation: int | None = Field(default=None, ge=1, description="The generation whose plan ConfigMap "
+                                        "(<name>-g<N>-plan) is in force: a later one than the build's when a "
+                                        "generation changed only minQualityRetention (the build's plan with the "
+                                        "new floor, gated from the build's measured scores); unset: the build's.")
     child_config: str | None = Field(default=None, description="The child's config.json (gzip, base64), from "
                                      "the compression Job; deployments are sized from it.")
     precision: str | None = Field(default=None, description="Weight precision the build resolved (auto decided).")

@@ -19,7 +19,7 @@ from tailor.operator import api
 ROOT = Path(__file__).resolve().parent.parent
 CRD_FILE = ROOT / "crds" / "compressedmodel.yaml"
 CHART_CRD_FILE = ROOT / "charts" / "tailor" / "crds" / "compressedmodel.yaml"  # Helm installs it from there
-REFERENCE_FILE = ROOT / "docs" / "reference.md"
+REFERENCE_FILE = ROOT / "docs" / "reference" / "compressedmodel.md"
 
 # Keys that carry over unchanged from JSON Schema to the structural schema.
 _KEPT = {"type", "description", "default", "enum", "format", "pattern", "minLength", "maxLength", "minimum",
@@ -97,7 +97,7 @@ def build_crd() -> dict[str, Any]:
             "names": {"kind": api.KIND, "listKind": f"{api.KIND}List", "plural": api.PLURAL,
                       "singular": api.SINGULAR, "shortNames": list(api.SHORT_NAMES), "categories": ["tailor"]},
             "versions": [{
-                "name": api.VERSION,
+                "name": api.API_VERSION,
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}},
@@ -161,10 +161,10 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
 
 
 def render_reference() -> str:
-    """The CompressedModel field reference (docs/reference.md), from the same schema as the CRD."""
+    """The CompressedModel field reference (docs/reference/compressedmodel.md), from the same schema as the CRD."""
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     lines = ["<!-- Generated from tailor/operator/api.py by `tailor crd generate`; do not edit by hand. -->",
-             f"# CompressedModel field reference ({api.GROUP}/{api.VERSION})", "",
+             f"# CompressedModel field reference ({api.GROUP}/{api.API_VERSION})", "",
              schema["description"], "",
              "Rules that span fields (the API server enforces them with CEL) are listed on the field they name.",
              "`kubectl explain compressedmodel.spec` shows the same text from the cluster.", ""]
@@ -183,18 +183,3 @@ def generated() -> dict[Path, str]:
     """Every file generated from the models, and its text."""
     text = render_crd()
     return {CRD_FILE: text, CHART_CRD_FILE: text, REFERENCE_FILE: render_reference()}
-
-
-def stale() -> list[Path]:
-    """The generated files that differ from the models."""
-    return [path for path, text in generated().items() if not path.exists() or path.read_text() != text]
-
-
-def write_generated() -> list[Path]:
-    """Write every generated file atomically; the paths written."""
-    for path, text in generated().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(text)
-        temporary.replace(path)
-    return list(generated())

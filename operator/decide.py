@@ -1,10 +1,12 @@
 """The reconciler's decisions: from what a pass observed to the actions to take and the status to write.
 
 Pure: no I/O, no clock (the time comes with `Observed`), so every transition is unit-tested in milliseconds
-(tests/unit/test_operator_reconcile.py). `execute` applies the actions and writes the status.
+(tests/unit/test_operator_reconcile.py through a fake API; tests/unit/test_operator_decide_table.py on hand-built
+`Observed` values). `execute` applies the actions and writes the status.
 
 Per generation: Compress -> Quantize -> Evaluate (the quality gate) -> Deploy. The first three build the
-artifacts and are skipped when a later generation changes only the deployment (same fingerprint). Deploy
+artifacts and are skipped when a later generation changes only the deployment or the quality floor (same
+fingerprint); a new floor gets a plan of its own and the gate is decided again from the measured scores. Deploy
 (`rollout`) packages a model repository per pool, starts that generation's revision beside the one serving,
 moves the pool's Service to it once it is ready, then removes the old one. A failed stage fails the
 generation and leaves the serving revision alone.
@@ -22,7 +24,14 @@ from tailor.compressor.buildplan import DATA_MOUNT, PLAN_FILE, SOURCE_MOUNT, Bui
 from tailor.compressor.memory import RECIPES
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, StageResult, unpack_config
 from tailor.operator import names, preflight, rollout
-from tailor.operator.api import STAGE_PHASES, ArchitectureSummary, BuildStatus, CompressedModelSpec, QualityReport
+from tailor.operator.api import (
+    STAGE_PHASES,
+    ArchitectureSummary,
+    BuildStatus,
+    CompressedModelSpec,
+    QualityReport,
+    StageProgress,
+)
 from tailor.operator.conditions import (
     BUILD_CONDITIONS,
     COMPRESSED,
@@ -42,7 +51,15 @@ from tailor.operator.progress import parse as parse_progress
 from tailor.operator.resolve import InvalidPlan, fingerprint, mounted_claims, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.tenancy import check_claim, check_secret
-from tailor.operator.workloads import claim_capacity, claim_of, claim_ready, job_outcome, read_plan, start_job
+from tailor.operator.workloads import (
+    claim_capacity,
+    claim_of,
+    claim_ready,
+    job_outcome,
+    plan_config_map,
+    read_plan,
+    start_job,
+)
 
 CLAIM_FIELDS = {SOURCE_MOUNT: "spec.source.uri", DATA_MOUNT: "spec.compression.data.claimName"}  # by mount path
 NO_POD_YET = "waiting for a pod"  # a stage Job's message until its pods run (as created: no status write after)
@@ -109,9 +126,11 @@ def admit(p: Pass, spec: CompressedModelSpec) -> None:
 def start_build(p: Pass, spec: CompressedModelSpec) -> None:
     """A new build when the artifacts' inputs changed, or when a new generation follows a build whose Job
     failed (a retry); otherwise this generation reuses the last build. A failed quality gate is not retried:
-    the same inputs give the same child."""
+    the same inputs give the same child (a new floor decides it again, `floor_plan`)."""
     digest = fingerprint(spec)
     build, new_generation = p.status.build, p.status.observed_generation != p.generation
+    if build is not None and build.fingerprint == fingerprint(spec, floor=True):  # recorded with the floor in it
+        build = p.status.build = build.model_copy(update={"fingerprint": digest})
     job_failed = any(s.state == "Failed" and s.name != "Deploy" and s.reason != Reason.QUALITY_GATE_FAILED
                      for s in p.status.stages)
     if build is not None and build.fingerprint == digest and not (job_failed and new_generation):
@@ -142,17 +161,18 @@ def kept(p: Pass) -> list[int]:
 
 
 def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
-    """The build's plan: as written in its ConfigMap once that exists (what the Jobs read), else resolved
-    now, at the batch the spec or the pools' nodes give (an Event when that changes). Its resolved values go
-    into the status."""
-    config_map = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation))
+    """The plan in force: as written in its ConfigMap once that exists (the build's, which the Jobs read, or
+    a later generation's `floor_plan`), else resolved now, at the batch the spec or the pools' nodes give (an
+    Event when that changes). Its resolved values go into the status."""
     source = p.build.batch_source  # recorded when the plan was resolved
-    if config_map is not None:
-        try:
-            plan = read_plan((config_map.get("data") or {})[PLAN_FILE])
-        except (KeyError, yaml.YAMLError, ValidationError) as error:
-            raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
-                                               f"plan: {error}") from error
+    if (written := written_plan(p)) is not None:
+        planned, plan = written
+        quality = p.status.quality
+        if quality is not None and quality.passed is not None and quality.min_quality_retention is None:
+            quality.min_quality_retention = plan.evaluate.min_retention  # decided before the floor was recorded
+        floor = spec.compression.min_quality_retention
+        if planned != p.generation and plan.evaluate.min_retention != floor:
+            plan = floor_plan(p, plan, floor)
     else:
         try:
             batch = target_batch(spec, p.world.nodes, p.settings.catalog)
@@ -167,6 +187,35 @@ def build_plan(p: Pass, spec: CompressedModelSpec) -> BuildPlan:
                                                 "kv_cache_dtype": plan.kv_cache_dtype.value,
                                                 "target_product": plan.target_product})
     return plan
+
+
+def written_plan(p: Pass) -> tuple[int, BuildPlan] | None:
+    """The plan in force as its ConfigMap holds it, and the generation it is named after: the last
+    `floor_plan`'s, else the build's; None before the build's first Job wrote it."""
+    for generation in dict.fromkeys(g for g in (p.build.plan_generation, p.build.generation) if g is not None):
+        config_map = p.owned("ConfigMap", names.plan_name(p.name, generation))
+        if config_map is None:
+            continue
+        try:
+            return generation, read_plan((config_map.get("data") or {})[PLAN_FILE])
+        except (KeyError, yaml.YAMLError, ValidationError) as error:
+            raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
+                                               f"plan: {error}") from error
+    return None
+
+
+def floor_plan(p: Pass, plan: BuildPlan, floor: float) -> BuildPlan:
+    """The plan of a generation that changes only the quality floor: `plan` with the new floor, written once as
+    this generation's ConfigMap. The build, its artifacts and its measured scores are reused: the gate is
+    decided at the new floor (`regate`), no Job runs again."""
+    name = names.plan_name(p.name, p.generation)
+    new = plan.model_copy(update={"evaluate": plan.evaluate.model_copy(update={"min_retention": floor})})
+    plan_config_map(p, name, new)
+    p.status.build = p.build.model_copy(update={"plan_generation": p.generation})
+    p.event("QualityFloorChanged", f"generation {p.generation} changes minQualityRetention from "
+                                   f"{plan.evaluate.min_retention} to {floor}: generation {p.build.generation}'s "
+                                   f"build is reused and gated at the new floor (ConfigMap {name})")
+    return new
 
 
 def delete_superseded_jobs(p: Pass) -> None:
@@ -184,6 +233,8 @@ def delete_superseded_jobs(p: Pass) -> None:
 def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -> bool:
     """Advance one build stage; True once it has succeeded."""
     progress = p.stage(names.STAGE_NAMES[stage])
+    if stage == "evaluate":
+        regate(p, plan, progress)
     if progress.state == "Succeeded":
         return True
     if progress.state == "Failed":
@@ -239,20 +290,21 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
     except Refused as refused:
         progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
         raise
-    progress.state, progress.progress, progress.reason = "Succeeded", 1.0, succeeded(result)
-    progress.completed_at, progress.message = p.world.now, simulated_note(result)
+    progress.state, progress.progress, progress.reason = "Succeeded", 1.0, succeeded(result.simulated)
+    progress.completed_at, progress.message = p.world.now, simulated_note(result.simulated)
     if result.simulated:
-        p.event("SimulatedResult", f"{progress.name}: {simulated_note(result)}", warning=True)
+        p.event("SimulatedResult", f"{progress.name}: {simulated_note(result.simulated)}", warning=True)
     return True
 
 
-def succeeded(result: StageResult) -> Reason:
-    return Reason.SIMULATED if result.simulated else Reason.JOB_SUCCEEDED
+def succeeded(simulated: str | None) -> Reason:
+    return Reason.SIMULATED if simulated else Reason.JOB_SUCCEEDED
 
 
-def simulated_note(result: StageResult) -> str | None:
-    """What a user must know of a canned result, in the stage's and the condition's message."""
-    return None if result.simulated is None else f"SIMULATED, not computed: {result.simulated}"
+def simulated_note(simulated: str | None) -> str | None:
+    """What a user must know of a canned result (`simulated`: why it is), in the stage's and the condition's
+    message."""
+    return None if simulated is None else f"SIMULATED, not computed: {simulated}"
 
 
 # --- results -------------------------------------------------------------------------------------------
@@ -297,9 +349,9 @@ def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
         active_params_billions=round(result.active_params / 1e9, 4), blocks=len(arch.blocks), precision=p.build.recipe,
         summary=f"{result.pattern}; predicted {result.predicted_speedup:.3f}x decode, {measured}, KL to parent "
                 f"{result.kl_to_parent:.4f}" + (" (SIMULATED)" if result.simulated else ""))
-    p.condition(COMPRESSED, True, succeeded(result), f"{result.params / 1e9:.3f}B parameters "
+    p.condition(COMPRESSED, True, succeeded(result.simulated), f"{result.params / 1e9:.3f}B parameters "
                 f"({result.active_params / 1e9:.3f}B active) from {result.parent_params / 1e9:.3f}B"
-                + (f"; {simulated_note(result)}" if result.simulated else ""))
+                + (f"; {simulated_note(result.simulated)}" if result.simulated else ""))
     cap = spec.compression.max_active_params_billions
     if cap is not None and result.active_params > cap * 1e9:
         raise Refused(Reason.ACTIVE_PARAMS_ABOVE_CAP, f"the child has {result.active_params / 1e9:.3f}B active "
@@ -318,27 +370,54 @@ def record_quantize(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
     p.status.build = p.build.model_copy(update={"recipe": recipe.name, "weight_bytes": result.weight_bytes})
     if p.status.architecture is not None:
         p.status.architecture.precision = recipe.name
-    p.condition(QUANTIZED, True, succeeded(result), f"{recipe.name}: {result.weight_bytes / 1e9:.3f} GB of weights"
-                + (f"; {simulated_note(result)}" if result.simulated else ""))
+    p.condition(QUANTIZED, True, succeeded(result.simulated), f"{recipe.name}: {result.weight_bytes / 1e9:.3f} GB "
+                "of weights" + (f"; {simulated_note(result.simulated)}" if result.simulated else ""))
     return result
 
 
 def record_gate(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message: str) -> StageResult:
-    """The operator's own verdict from the measured scores and the spec's floor (the pod's `passed` is not
+    """The operator's own verdict from the measured scores and the plan's floor (the pod's `passed` is not
     trusted)."""
     gate = GateResult.model_validate_json(message)
     if gate.parent_score <= 0:
         raise ValueError(f"parent score {gate.parent_score}: the parent must score above 0 to compare with")
-    floor = spec.compression.min_quality_retention
-    retention = gate.child_score / gate.parent_score
-    passed = retention >= floor and math.isfinite(retention)
     p.status.quality = QualityReport(metric=gate.metric, parent_score=gate.parent_score, child_score=gate.child_score,
-                                     retention=round(retention, 6), passed=passed)
-    verdict = (f"retention {retention:.4f} against a floor of {floor} ({gate.metric}: child {gate.child_score:.4f}, "
-               f"parent {gate.parent_score:.4f})" + (f"; {simulated_note(gate)}" if gate.simulated else ""))
-    reason = Reason.QUALITY_GATE_PASSED if passed else Reason.QUALITY_GATE_FAILED
-    p.condition(QUALITY_GATE_PASSED, passed, reason, verdict)
+                                     simulated=gate.simulated)
+    p.event("QualityGatePassed", judge(p, plan.evaluate.min_retention))
+    return gate
+
+
+def regate(p: Pass, plan: BuildPlan, progress: StageProgress) -> None:
+    """A gate decided at another floor than the plan's (a `floor_plan` is in force) is decided again from the
+    scores in status.quality; no Job runs again."""
+    quality, floor = p.status.quality, plan.evaluate.min_retention
+    gated = progress.state == "Succeeded" or progress.reason == Reason.QUALITY_GATE_FAILED
+    if not gated or quality is None or quality.min_quality_retention == floor:
+        return
+    try:
+        verdict = judge(p, floor, f"re-decided from the measured scores (the floor was "
+                                  f"{quality.min_quality_retention}): ")
+    except Refused as refused:
+        progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
+        raise
+    progress.state, progress.reason, progress.message = "Succeeded", succeeded(quality.simulated), verdict
+    p.event("QualityGateRedecided", verdict)
+
+
+def judge(p: Pass, floor: float, how: str = "") -> str:
+    """The gate at `floor` on the scores in status.quality: its retention and the QualityGatePassed condition;
+    the verdict (beginning with `how`), refused with QualityGateFailed below the floor."""
+    quality = p.status.quality
+    parent, child = (None, None) if quality is None else (quality.parent_score, quality.child_score)
+    if quality is None or parent is None or child is None or parent <= 0:
+        raise Refused(Reason.NO_RESULT, "status.quality holds no scores to decide the quality gate on")
+    retention = child / parent
+    passed = retention >= floor and math.isfinite(retention)
+    quality.retention, quality.min_quality_retention, quality.passed = round(retention, 6), floor, passed
+    verdict = (f"{how}retention {retention:.4f} against a floor of {floor} ({quality.metric}: child {child:.4f}, "
+               f"parent {parent:.4f})" + (f"; {simulated_note(quality.simulated)}" if quality.simulated else ""))
+    p.condition(QUALITY_GATE_PASSED, passed, Reason.QUALITY_GATE_PASSED if passed else Reason.QUALITY_GATE_FAILED,
+                verdict)
     if not passed:
         raise Refused(Reason.QUALITY_GATE_FAILED, verdict)
-    p.event("QualityGatePassed", verdict)
-    return gate
+    return verdict

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tailor.operator import names
 from tailor.operator.api import BuildStatus, CompressedModelStatus, Phase, StageName, StageProgress
 from tailor.operator.conditions import FAILED, READY, Reason, Refused, set_condition, without
-from tailor.operator.deployment import owner_reference
+from tailor.operator.manifest import owned_by, owned_metadata
 from tailor.operator.observe import Observed
 from tailor.operator.settings import OperatorSettings
 
@@ -71,12 +71,6 @@ def read_status(raw: dict[str, Any] | None) -> CompressedModelStatus:
             continue
         known[key] = value
     return CompressedModelStatus.model_validate(known)
-
-
-def owned_by(obj: dict[str, Any], uid: str) -> bool:
-    meta = obj["metadata"]
-    return (any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
-            or (meta.get("labels") or {}).get(names.MODEL_UID) == uid)
 
 
 @dataclass
@@ -194,5 +188,4 @@ class Pass:
         self.actions.append(Delete(kind, name))
 
     def meta(self, name: str) -> dict[str, Any]:
-        return {"name": name, "namespace": self.namespace, "labels": names.model_labels(self.model),
-                "ownerReferences": [owner_reference(self.model)]}
+        return owned_metadata(self.model, name, names.model_labels(self.model))

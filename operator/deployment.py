@@ -25,18 +25,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
-from tailor.compressor.hostmemory import HostNeed, stage_need
+from tailor.compressor.hostmemory import HostNeed
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import names
-from tailor.operator.api import GROUP, KIND, VERSION, DeploymentSpec, NodePoolTarget, quantity_value
+from tailor.operator.api import GROUP, DeploymentSpec, NodePoolTarget
+from tailor.operator.manifest import (
+    POD_SECURITY,
+    RESTRICTED,
+    decimal_quantity,
+    memory_bounds,
+    owned_metadata,
+    shared_memory,
+)
 from tailor.operator.placement import pod_metadata, resources, scheduling
 from tailor.operator.pools import PoolPlan
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 OPENAI_PORT = 9000  # vLLM pools: the OpenAI-compatible API (`tailor openai`), a container beside Triton
 OPENAI_REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # a proxy that tokenizes prompts: no GPU
-REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps Triton out of BestEffort
-SHM_PER_GPU_GIB = 8
 LOAD_BYTES_PER_SECOND = 200e6  # slow network storage; a startup probe must not kill a replica still loading
 # After its weights are in, an engine starts serving: vLLM profiles memory, compiles (torch.compile) and captures
 # CUDA graphs, minutes for a large model; the Python fallback engine only starts Triton.
@@ -57,7 +63,7 @@ POD_METRICS = {
     Engine.PYTHON: {"requestsWaiting": "triton_requests_waiting", "kvCacheUsage": "triton_requests_waiting",
                     "queueTimeSeconds": "triton_queue_time_seconds"},
 }
-# Derived HPA targets (docs/operations.md): scale out once the requests waiting per replica pass this share of
+# Derived HPA targets (docs/how-to/autoscaling.md): scale out once the requests waiting per replica pass this share of
 # what a replica runs at once (max_num_seqs), before a queue as long as a whole batch builds up.
 WAITING_SHARE_OF_BATCH = 0.25
 DEFAULT_TARGETS = {"kvCacheUsage": 0.8, "queueTimeSeconds": 2.0}
@@ -68,42 +74,6 @@ ENDPOINT_PROPAGATION_S = 5
 # No hub, no telemetry: the pod runs only the files the build wrote to the claim, and calls no one
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-              "seccompProfile": {"type": "RuntimeDefault"}}
-# fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
-POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
-
-
-def shm_bytes(gpus: int) -> int:
-    """The memory-backed /dev/shm a pod of `gpus` GPUs gets (none for one: no workers exchange through it)."""
-    return SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
-
-
-def memory_bounds(host: HostNeed | None, gpus: int, shm: int) -> tuple[dict[str, str], dict[str, str]]:
-    """Requests and limits for a pod of `gpus` GPUs that holds `host` in RAM (None: a stage's allowance): the
-    per-GPU floor, a request of the need where it is this model's footprint (an allowance is only a bound), and
-    the limit with headroom and the pod's /dev/shm."""
-    host = host or stage_need(gpus)
-    requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
-    if not host.assumed:
-        requests["memory"] = max(requests["memory"], host.request(), key=quantity_value)
-    return requests, {"memory": host.limit(shm)}
-
-
-def scaled(per_gpu: dict[str, str], gpus: int) -> dict[str, str]:
-    """Resource requests for `gpus` GPUs from per-GPU quantities like 500m or 2Gi."""
-    out = {}
-    for resource, quantity in per_gpu.items():
-        number, unit = (quantity[:-1], "m") if quantity.endswith("m") else (
-            (quantity[:-2], quantity[-2:]) if quantity[-2:] in ("Ki", "Mi", "Gi", "Ti") else (quantity, ""))
-        out[resource] = f"{int(number) * gpus}{unit}"
-    return out
-
-
-def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": model["metadata"]["name"],
-            "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-
 
 TRITON = {names.APP_NAME: "triton"}
 NO_EGRESS = {f"{GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
@@ -118,11 +88,6 @@ def revision_labels(model: dict[str, Any], pool: str, generation: int) -> dict[s
     return {**labels(model, pool), names.REVISION: names.revision_of(generation)}
 
 
-def _metadata(model: dict[str, Any], name: str, object_labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": model["metadata"]["namespace"], "labels": object_labels,
-            "ownerReferences": [owner_reference(model)]}
-
-
 def egress_policy(model: dict[str, Any]) -> dict[str, Any]:
     """No egress at all from the model's serving pods (Triton, its OpenAI API, the speed Job): they load only the
     claim's files and answer on their own ports, so a checkpoint's code could reach no hub and send nothing out.
@@ -130,7 +95,7 @@ def egress_policy(model: dict[str, Any]) -> dict[str, Any]:
     Dataplane V2, the EKS VPC CNI with network policies on, Calico, Cilium); elsewhere HF_HUB_OFFLINE remains."""
     selector = {**names.model_labels(model), **NO_EGRESS}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _metadata(model, names.egress_policy_name(model["metadata"]["name"]),
+            "metadata": owned_metadata(model, names.egress_policy_name(model["metadata"]["name"]),
                                   names.model_labels(model)),
             "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"], "egress": []}}
 
@@ -156,7 +121,7 @@ def ingress_policy(model: dict[str, Any], allowed: ServingIngress) -> dict[str, 
             {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": namespaces}]}})
     peers += [{"ipBlock": {"cidr": cidr}} for cidr in allowed.client_cidrs]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _metadata(model, names.ingress_policy_name(model["metadata"]["name"]),
+            "metadata": owned_metadata(model, names.ingress_policy_name(model["metadata"]["name"]),
                                   names.model_labels(model)),
             "spec": {"podSelector": {"matchLabels": {**names.model_labels(model), **NO_EGRESS}},
                      "policyTypes": ["Ingress"], "ingress": [{"from": peers}]}}
@@ -170,7 +135,8 @@ def pod_ports(engine: Engine) -> dict[str, int]:
 def service(model: dict[str, Any], pool: str, generation: int, engine: Engine) -> dict[str, Any]:
     """The pool's stable Service, pointing at one revision."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _metadata(model, names.service_name(model["metadata"]["name"], pool), labels(model, pool)),
+            "metadata": owned_metadata(model, names.service_name(model["metadata"]["name"], pool),
+                                       labels(model, pool)),
             "spec": {"selector": revision_labels(model, pool, generation),
                      "ports": [{"name": name, "port": port, "targetPort": name}
                                for name, port in pod_ports(engine).items()]}}
@@ -201,7 +167,8 @@ def autoscaler(plan: PoolPlan, deployment: DeploymentSpec) -> dict[str, Any]:
     return {
         "minReplicas": deployment.min_replicas, "maxReplicas": deployment.max_replicas,
         "metrics": [{"type": "Pods", "pods": {"metric": {"name": POD_METRICS[plan.engine][metric]},
-                                              "target": {"type": "AverageValue", "averageValue": _quantity(value)}}}
+                                              "target": {"type": "AverageValue",
+                                                         "averageValue": decimal_quantity(value)}}}
                     for metric, value in targets.items()],
         "behavior": {
             "scaleUp": {"stabilizationWindowSeconds": autoscaling.scale_up_stabilization_seconds},
@@ -242,9 +209,9 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
 
 
 def gpu_resources(gpus: int, pool: NodePoolTarget, host: HostNeed | None) -> dict[str, Any]:
-    """Triton's requests and limits: `gpus` GPUs, memory for `host` (`memory_bounds`), the pool's own requests
-    and limits over them."""
-    requests, limits = memory_bounds(host, gpus, shm_bytes(gpus))
+    """Triton's requests and limits: `gpus` GPUs, memory for `host` (`manifest.memory_bounds`), the pool's own
+    requests and limits over them."""
+    requests, limits = memory_bounds(host, gpus)
     return resources(requests, gpus, pool, f"spec.deployment.pools[{pool.name}].resources", limits)
 
 
@@ -281,7 +248,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         raise ValueError(f"pool {plan.name} is skipped: {plan.skipped}")
     selector = revision_labels(model, plan.name, generation)
     target = pool_target(deployment, plan.name)
-    meta = _metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
+    meta = owned_metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
 
     def probe(path: str, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
@@ -289,12 +256,10 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
 
     gpus = plan.tensor_parallel
     startup = math.ceil(startup_seconds(plan, target) / PROBE_PERIOD_S)
-    mounts = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "models", "persistentVolumeClaim": {"claimName": claim,
-                                                                                  "readOnly": True}}]
-    if gpus > 1:  # tensor-parallel workers exchange through shared memory
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
+    shm_mounts, shm_volumes = shared_memory(gpus)  # tensor-parallel workers exchange through shared memory
+    mounts: list[dict[str, Any]] = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}, *shm_mounts]
+    volumes: list[dict[str, Any]] = [
+        {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, *shm_volumes]
     container = {
         "name": "triton", "image": image,
         "command": ["tritonserver"],
@@ -314,7 +279,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         "securityContext": RESTRICTED,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash's last log lines, for the operator to keep
     }
-    placed = pool_scheduling(deployment, plan.name)
+    placed = pool_scheduling(target, plan.node_selector)
     pod = {
         "metadata": pod_metadata(target, {**selector, **NO_EGRESS}, {"prometheus.io/scrape": "true",
                                                                       "prometheus.io/port": str(PORTS["metrics"])}),
@@ -356,12 +321,8 @@ def pool_target(deployment: DeploymentSpec, pool: str) -> NodePoolTarget:
     return next(target for target in deployment.pools if target.name == pool)
 
 
-def pool_scheduling(deployment: DeploymentSpec, pool: str) -> dict[str, Any]:
-    """Where `pool`'s Triton pods, package Job and speed Job run: its nodeSelector, with its tolerations, node
-    affinity and priority class."""
-    target = pool_target(deployment, pool)
-    return scheduling(target, node_selector=target.node_selector)
-
-
-def _quantity(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+def pool_scheduling(pool: NodePoolTarget, node_selector: dict[str, str]) -> dict[str, Any]:
+    """Where the pool's Triton pods, package Job and speed Job run: on the nodes `node_selector` selects (the pool's,
+    as its plan found them: `PoolPlan.node_selector`), with the pool's tolerations, node affinity and priority
+    class."""
+    return scheduling(pool, node_selector=node_selector)

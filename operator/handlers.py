@@ -22,12 +22,12 @@ import kopf
 from kubernetes import client
 
 from tailor.operator import login, metrics, names
-from tailor.operator.api import GROUP, PLURAL, VERSION
-from tailor.operator.decision import PROGRESS_REQUEUE_S, owned_by
+from tailor.operator.api import API_VERSION, GROUP, PLURAL
+from tailor.operator.decision import PROGRESS_REQUEUE_S
 from tailor.operator.execute import DecideFailed, reconcile
 from tailor.operator.kube import Kube
-from tailor.operator.observe import job_finished
-from tailor.operator.rollout import REVISION_KINDS, available
+from tailor.operator.manifest import deployment_available, job_finished, owned_by, owner_uid
+from tailor.operator.rollout import REVISION_KINDS
 from tailor.operator.settings import OperatorSettings
 from tailor.operator.watchcache import CACHED, Reflector, Store
 
@@ -94,11 +94,6 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             Reflector(RUNTIME.kube, kind, namespace, on_change).start()
 
 
-def _owner_uid(body: dict[str, Any]) -> str | None:
-    return next((ref.get("uid") for ref in body.get("metadata", {}).get("ownerReferences", [])
-                 if ref.get("kind") == "CompressedModel"), None)
-
-
 def moves_on(kind: str, event: str, before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
     """Whether a change the watch cache saw is one the object's next pass must act on."""
     if event == "DELETED":
@@ -109,14 +104,14 @@ def moves_on(kind: str, event: str, before: dict[str, Any] | None, after: dict[s
     if kind == "Job":  # finished; not its pods starting
         return job_finished(after) is not None
     if kind == "Deployment":  # a revision available
-        return available(after)[0]
+        return deployment_available(after)[0]
     return False
 
 
 def on_change(kind: str, event: str, before: dict[str, Any] | None, after: dict[str, Any]) -> None:
     """Called by the watch cache's threads: wake the owner's daemon when a change moves it on."""
     if moves_on(kind, event, before, after):
-        RUNTIME.wake(after["metadata"].get("uid") if kind == "CompressedModel" else _owner_uid(after))
+        RUNTIME.wake(after["metadata"].get("uid") if kind == "CompressedModel" else owner_uid(after))
 
 
 def progress_spaced(uid: str, requeue_s: float) -> float:
@@ -129,7 +124,7 @@ def progress_spaced(uid: str, requeue_s: float) -> float:
     return max(requeue_s, len(RUNTIME.progressing) / PROGRESS_PASSES_PER_S)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
+@kopf.daemon(GROUP, API_VERSION, PLURAL, cancellation_timeout=30.0)
 async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, uid: str, logger: kopf.Logger,
               **_: Any) -> None:
     """Reconcile until the object goes: after each pass, sleep until woken or until the pass's requeue time."""
@@ -168,7 +163,7 @@ async def run(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, 
         metrics.forget(uid)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
+@kopf.on.delete(GROUP, API_VERSION, PLURAL)
 def on_delete(*, body: kopf.Body, name: str, namespace: str | None, uid: str, logger: kopf.Logger, **_: Any) -> None:
     """Stop the work before the object goes: its Jobs (their pods with them) and serving revisions; the claim
     Tailor created for this very object goes too when storage.deletionPolicy is Delete. Only objects this

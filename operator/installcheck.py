@@ -14,14 +14,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import login
-from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.api import API_VERSION, GROUP, PLURAL
 
 
 def crd_served(api: client.ApiClient) -> str | None:
     """None when the API server serves compressedmodels, else what it serves instead."""
-    found: Any = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION)
+    found: Any = client.CustomObjectsApi(api).get_api_resources(GROUP, API_VERSION)
     resources = [r.name for r in found.resources]
-    return None if PLURAL in resources else f"{GROUP}/{VERSION} serves {resources}, not {PLURAL}"
+    return None if PLURAL in resources else f"{GROUP}/{API_VERSION} serves {resources}, not {PLURAL}"
 
 
 def operator_available(api: client.ApiClient, namespace: str, name: str) -> str | None:

@@ -9,7 +9,7 @@ Results come back as the container's termination message (`--result-file /dev/te
 on the claim.
 
 Pods request CPU and memory as well as GPUs (a pod with only extended resources is BestEffort, the first a
-node evicts), and a multi-GPU pod gets a memory-backed /dev/shm (NCCL and torch's shared-memory tensors).
+node evicts), and a multi-GPU pod gets a memory-backed /dev/shm (`manifest.shared_memory`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,8 @@ from tailor.compressor.hardware import GpuProfile
 from tailor.compressor.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, PodPlacement
-from tailor.operator.deployment import (
-    NO_EGRESS,
-    POD_SECURITY,
-    PORTS,
-    RESTRICTED,
-    SHM_PER_GPU_GIB,
-    memory_bounds,
-    owner_reference,
-    shm_bytes,
-)
+from tailor.operator.deployment import NO_EGRESS, PORTS
+from tailor.operator.manifest import POD_SECURITY, RESTRICTED, memory_bounds, owned_metadata, shared_memory
 from tailor.operator.placement import KUEUE_QUEUE_LABEL, pod_metadata, resources
 
 RENDEZVOUS_PORT = 29500
@@ -102,8 +94,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     if reader:
         name = names.reader_name(name)
     labels = {**names.model_labels(model), names.STAGE: stage, names.GENERATION: str(generation)}
-    meta = {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
-            "ownerReferences": [owner_reference(model)]}
+    meta = owned_metadata(model, name, labels)
     gpus = settings.gpus_per_node
     mounts = [{"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
               {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}]
@@ -113,10 +104,10 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         volume = mount_path.strip("/")
         mounts.append({"name": volume, "mountPath": mount_path, "readOnly": True})
         volumes.append({"name": volume, "persistentVolumeClaim": {"claimName": claim_name, "readOnly": True}})
-    if gpus > 1:
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}})
-    requests, limits = memory_bounds(settings.host, gpus, shm_bytes(gpus))
+    shm_mounts, shm_volumes = shared_memory(gpus)
+    mounts += shm_mounts
+    volumes += shm_volumes
+    requests, limits = memory_bounds(settings.host, gpus)
     container_resources = resources(requests, gpus, placement if gpus else None, "spec.jobs.resources", limits)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -135,11 +126,10 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     }
     if sidecar is not None:
         sidecar = {**sidecar, "restartPolicy": "Always"}
-        served_gpus = int(sidecar["resources"]["limits"].get(GPU_RESOURCE, "0"))
-        if served_gpus > 1:  # its tensor-parallel workers exchange through shared memory
-            sidecar["volumeMounts"] = [*sidecar["volumeMounts"], {"name": "shm", "mountPath": "/dev/shm"}]
-            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory",
-                                                        "sizeLimit": f"{SHM_PER_GPU_GIB * served_gpus}Gi"}})
+        # its tensor-parallel workers exchange through shared memory
+        shm_mounts, shm_volumes = shared_memory(int(sidecar["resources"]["limits"].get(GPU_RESOURCE, "0")))
+        sidecar["volumeMounts"] = [*sidecar["volumeMounts"], *shm_mounts]
+        volumes += shm_volumes
         pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
     pod_spec.update(scheduling)

@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import metrics, names
-from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.api import API_VERSION, GROUP, PLURAL
 from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
 from tailor.operator.watchcache import CACHED, Store
 
@@ -40,7 +40,7 @@ KINDS = {
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"), "Pod": ("v1", "pods"),
     "ServiceAccount": ("v1", "serviceaccounts"), "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
-    "CompressedModel": (f"{GROUP}/{VERSION}", PLURAL),
+    "CompressedModel": (f"{GROUP}/{API_VERSION}", PLURAL),
     "Workload": ("kueue.x-k8s.io/v1beta2", "workloads"),  # Kueue's, read only: why a queued Job waits
 }
 
@@ -205,7 +205,7 @@ class Kube:
 
     def patch_status(self, owner: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._remember("CompressedModel", self._call(
-            owner, "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+            owner, "PATCH", f"/apis/{GROUP}/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
             {"status": status}, content_type="application/merge-patch+json"))
 
     def _cached(self, key: str, read: Any) -> Any:
@@ -248,7 +248,7 @@ class Kube:
         meta = model["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CompressedModel",
+                "involvedObject": {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": "CompressedModel",
                                    "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
                                    "resourceVersion": meta.get("resourceVersion")},
                 "type": kind, "reason": reason, "message": message[:1024], "count": 1,

@@ -1,4 +1,4 @@
-"""The operator's vocabulary, in one place: its version, label keys, the names it derives for the objects it
+"""The operator's vocabulary, in one place: its user agent, label keys, the names it derives for the objects it
 owns, and the stages. Every derived name must stay a DNS label (63 characters, starting with a letter): the
 CRD refuses object and pool names that would break one (`api.NAME_BUDGET`)."""
 
@@ -9,8 +9,7 @@ from typing import Any
 from tailor.compressor.buildplan import Stage
 from tailor.operator.api import GROUP, NAME_BUDGET, VERSION_OF_TAILOR, StageName
 
-VERSION = VERSION_OF_TAILOR
-USER_AGENT = f"tailor-operator/{VERSION}"
+USER_AGENT = f"tailor-operator/{VERSION_OF_TAILOR}"
 FINALIZER = f"{GROUP}/finalizer"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"

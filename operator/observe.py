@@ -5,7 +5,8 @@ them, the GPUs pods hold on nodes when pools are sized, the termination messages
 status has not taken yet, why Jobs that have not started wait (Kueue's Workload of a suspended Job, the scheduler's
 word on a pod), and the last lines of each running build stage's log (`progress`).
 
-`Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand.
+`Observed` is plain data; `decide` turns it into actions without any I/O, so tests build one by hand
+(tests/unit/test_operator_decide_table.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from tailor.compressor.buildplan import BUILD_STAGES
 from tailor.operator import names
 from tailor.operator.kube import Kube
+from tailor.operator.manifest import job_finished
 from tailor.operator.placement import KUEUE_QUEUE_LABEL
 from tailor.operator.pools import HeldGpus
 from tailor.operator.progress import LOG_TAIL_LINES
@@ -49,14 +51,6 @@ class Observed:
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
         return self.objects.get(kind, {})
-
-
-def job_finished(job: dict[str, Any]) -> str | None:
-    """`Complete` or `Failed` once the Job controller says so, else None."""
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
-            return str(condition["type"])
-    return None
 
 
 def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:

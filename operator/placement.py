@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailor.operator.api import GPU_RESOURCE, NodeSelectorRequirement, NodeSelectorTerm, PodPlacement, quantity_value
+from tailor.operator.api import GPU_RESOURCE, NodeSelectorRequirement, NodeSelectorTerm, PodPlacement
 from tailor.operator.conditions import Reason, Refused
+from tailor.operator.manifest import quantity_value
 
 GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

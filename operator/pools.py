@@ -29,11 +29,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tailor.compressor.architecture import Architecture
-from tailor.compressor.buildplan import MAX_BATCH_CAP, PoolServing
+from tailor.compressor.buildplan import PACKAGE_DTYPE, PoolServing
 from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
 from tailor.compressor.hostmemory import HostNeed, serving_need
 from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
-from tailor.compressor.serving.engines import Engine, cache_bytes, choose
+from tailor.compressor.serving import engines
+from tailor.compressor.serving.engines import Engine, cache_bytes, choose, engine_args
 from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
@@ -58,6 +59,7 @@ class PoolPlan(BaseModel):
     """How one pool serves the model, or why it cannot."""
 
     name: str
+    node_selector: dict[str, str]  # the pool's, which found `nodes`: where its pods go (`deployment.pool_scheduling`)
     nodes: list[str]
     gpu_product: str | None = None
     gpu_profile: str | None = None
@@ -78,20 +80,25 @@ class PoolPlan(BaseModel):
     notes: list[str] = []
 
     def max_num_seqs(self) -> int:
-        """Requests a replica runs at once (vLLM's max_num_seqs): what the sizing says fits, capped."""
+        """Requests a replica runs at once (`engines.max_num_seqs`): what the sizing says fits, capped."""
         if self.concurrency_per_replica is None:
             raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
-        return min(self.concurrency_per_replica, MAX_BATCH_CAP)
+        return engines.max_num_seqs(self.concurrency_per_replica)
 
-    def serving(self, generation: int, context: int) -> PoolServing:
-        """What the pool's package Job writes (the build plan's `pool`)."""
+    def serving(self, generation: int, context: int, catalog: GpuCatalog, checkpoint: str,
+                trust_remote_code: bool) -> PoolServing:
+        """What the pool's package Job writes (the build plan's `pool`), with vLLM's engine arguments for the
+        checkpoint it serves from `checkpoint`: computed here only, and read by the package Job (model.json)
+        and the revision (its annotation)."""
         if self.sizing is None or self.gpu_profile is None or self.concurrency_per_replica is None:
             raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
         assert self.engine is not None
+        batch = self.max_num_seqs()
+        args = engine_args(checkpoint, catalog.get(self.gpu_profile), self.sizing, batch, PACKAGE_DTYPE,
+                           trust_remote_code) if self.engine is Engine.VLLM else None
         return PoolServing(name=self.name, generation=generation, gpu_profile=self.gpu_profile, context=context,
-                           tensor_parallel=self.sizing.tensor_parallel,
-                           max_batch_size=self.max_num_seqs(), engine=self.engine,
-                           quantized=self.quantized, sizing=self.sizing)
+                           tensor_parallel=self.sizing.tensor_parallel, max_batch_size=batch, engine=self.engine,
+                           quantized=self.quantized, sizing=self.sizing, engine_args=args)
 
 
 class NodeSnapshot(list[dict[str, Any]]):
@@ -318,7 +325,8 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     None where they are not known: all allocatable GPUs count, and a note says so)."""
     found = pool_nodes(pool, nodes, catalog)
     members = found.members
-    plan = PoolPlan(name=pool.name, nodes=sorted(n["metadata"]["name"] for n in members), gpu_product=found.product,
+    plan = PoolPlan(name=pool.name, node_selector=pool.node_selector,
+                    nodes=sorted(n["metadata"]["name"] for n in members), gpu_product=found.product,
                     gpus_per_node=found.gpus_per_node)
     if found.gpu is None or found.skipped is not None:
         return plan.model_copy(update={"skipped": found.skipped})
@@ -367,8 +375,3 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     cache = cache_bytes(gpu, sizing, batch) if engine.engine is Engine.VLLM else batch * sizing.footprint.per_request
     return plan.model_copy(update={"host": serving_need(gpu.family == "cpu", tp, sizing.footprint.weights, cache)})
 
-
-def plan_pools(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built, catalog: GpuCatalog,
-               held: dict[str, int] | None = None) -> list[PoolPlan]:
-    """One plan per pool of the deployment."""
-    return [plan_pool(pool, nodes, built, deployment, catalog, held) for pool in deployment.pools]

@@ -19,8 +19,9 @@ from tailor.compressor.architecture import Architecture, builtin_models, load_ar
 from tailor.compressor.buildplan import BuildPlan
 from tailor.compressor.hostmemory import HostNeed, compression_need, offload_need
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
-from tailor.operator.api import CompressedModelSpec, quantity_value
+from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
+from tailor.operator.manifest import quantity_value
 
 # Hugging Face Hub names of the built-in models (their checkpoints there carry the same config.json)
 HUB_MODELS = {

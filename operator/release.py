@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 
 from tailor.operator import login, names
-from tailor.operator.api import GROUP, PLURAL, VERSION
+from tailor.operator.api import API_VERSION, GROUP, PLURAL
 
 
 def stop_operator(api: client.ApiClient, namespace: str, name: str, timeout_s: float) -> None:
@@ -40,8 +40,8 @@ def release(api: client.ApiClient, namespaces: list[str] | None, say: Callable[[
     objects = client.CustomObjectsApi(api)
     found: list[dict[str, Any]] = []
     for namespace in namespaces if namespaces is not None else [None]:
-        listed: Any = (objects.list_cluster_custom_object(GROUP, VERSION, PLURAL) if namespace is None
-                       else objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))
+        listed: Any = (objects.list_cluster_custom_object(GROUP, API_VERSION, PLURAL) if namespace is None
+                       else objects.list_namespaced_custom_object(GROUP, API_VERSION, namespace, PLURAL))
         found += listed["items"]
     released = 0
     for item in found:
@@ -52,7 +52,7 @@ def release(api: client.ApiClient, namespaces: list[str] | None, say: Callable[[
         index = finalizers.index(names.FINALIZER)
         path = f"/metadata/finalizers/{index}"
         objects.patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"],
+            GROUP, API_VERSION, meta["namespace"], PLURAL, meta["name"],
             [{"op": "test", "path": path, "value": names.FINALIZER}, {"op": "remove", "path": path}],
             _content_type="application/json-patch+json")
         released += 1

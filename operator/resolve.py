@@ -28,7 +28,8 @@ from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
 from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training, problems
 from tailor.operator import names
-from tailor.operator.api import MAX_BATCH, CompressedModelSpec, quantity_value
+from tailor.operator.api import MAX_BATCH, CompressedModelSpec
+from tailor.operator.manifest import quantity_value
 from tailor.operator.pools import GpuAsk, gpu_ask
 
 BUILD_FIELDS = ("source", "compression", "quantization")
@@ -37,11 +38,15 @@ class InvalidPlan(ValueError):
     """The spec (with its planOverrides) does not make a valid build plan; the message names the field."""
 
 
-def fingerprint(spec: CompressedModelSpec) -> str:
-    """What the artifacts depend on: equal fingerprints mean a generation can reuse another's build."""
+def fingerprint(spec: CompressedModelSpec, floor: bool = False) -> str:
+    """What the artifacts depend on: equal fingerprints mean a generation can reuse another's build. Not the
+    quality floor, which only the gate reads (`decide.floor_plan`); `floor`: with it, as builds recorded before it
+    left (`decide.start_build` takes those over: no rebuild on upgrade)."""
     fields = spec.model_dump(mode="json", by_alias=True, include=set(BUILD_FIELDS))
     if spec.compression.data is None:  # the built-in text, as before the field was added: no rebuild on upgrade
         del fields["compression"]["data"]
+    if not floor:
+        del fields["compression"]["minQualityRetention"]
     fields["image"] = spec.jobs.image
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -16,10 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan, repository_in_pod
+from tailor.compressor.buildplan import BuildPlan, PoolServing, repository_in_pod
 from tailor.compressor.memory import RECIPES, KvDtype
 from tailor.compressor.results import unpack_config
-from tailor.compressor.serving.engines import Engine, engine_args, reads_own_config_class, served_checkpoint
+from tailor.compressor.serving.engines import Engine, reads_own_config_class, served_checkpoint
 from tailor.operator import names, speedup
 from tailor.operator.api import (
     CompressedModelSpec,
@@ -39,10 +39,12 @@ from tailor.operator.deployment import (
     manifests,
     pod_ports,
     pool_scheduling,
+    pool_target,
     revision_labels,
     service,
     startup_seconds,
 )
+from tailor.operator.manifest import deployment_available
 from tailor.operator.observe import stalled
 from tailor.operator.pools import Built, PoolPlan, held_by_others, plan_pool
 from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
@@ -65,18 +67,6 @@ def read_built(child_config: str, recipe: str, kv_cache_dtype: str) -> Built:
     so that sizings of it are kept by its identity (`pools.SIZINGS`)."""
     arch = architecture_from_config(unpack_config(child_config), "status.build.childConfig")
     return Built(arch=arch, recipe=RECIPES[recipe], kv_dtype=KvDtype(kv_cache_dtype))
-
-
-def available(deployment: dict[str, Any], floor: int | None = None) -> tuple[bool, int]:
-    """Whether a revision is available at its current spec, and its available replicas. A revision that serves
-    already needs only `floor` of them (its HPA's minReplicas): the replicas the HPA adds while they start, or
-    drains while they stop, do not make it unavailable."""
-    status, wanted = deployment.get("status") or {}, (deployment.get("spec") or {}).get("replicas", 1)
-    count = int(status.get("availableReplicas", 0))
-    if floor is not None:  # a scale's new generation is not waited for either
-        return count >= min(wanted, floor), count
-    current = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
-    return current and count >= wanted and status.get("updatedReplicas", 0) >= wanted, count
 
 
 def delete_revision(p: Pass, name: str) -> None:
@@ -115,7 +105,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
                         startup_seconds=None if sized.skipped else startup_seconds(sized, pool))
     if serving is not None:
         old = p.world.of("Deployment").get(f"{service_name}-{serving}")
-        status.ready_replicas = available(old)[1] if old is not None else 0
+        status.ready_replicas = deployment_available(old)[1] if old is not None else 0
     if mine is None:
         if sized.skipped is not None:
             return status, None
@@ -142,7 +132,7 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
         status.failed = failure
         p.status.pools = [s for s in p.status.pools if s.name != pool.name] + [status]  # kept: the pass fails here
         raise Refused(Reason.REVISION_FAILED, failed_message(failure))
-    ready, count = available(mine, deployment.min_replicas if serving == revision else None)
+    ready, count = deployment_available(mine, deployment.min_replicas if serving == revision else None)
     if current is None:  # the revision's engine, as it was created (the nodes may say otherwise now)
         engine = Engine(mine["metadata"].get("annotations", {}).get(ENGINE_ANNOTATION, Engine.VLLM))
         p.create(service(p.model, pool.name, p.generation, engine))
@@ -185,7 +175,7 @@ def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: 
     image, engine_config = p.settings.job_image, None
     if sized.engine is Engine.VLLM:
         image = deployment.triton_image
-        engine_config = vllm_config(p, sized, package_folder, deployment.context_length)
+        engine_config = pool_serving(p, plan, sized, deployment.context_length).engine_args
     p.create(egress_policy(p.model))
     if p.settings.serving_ingress is not None:
         p.create(ingress_policy(p.model, p.settings.serving_ingress))
@@ -199,12 +189,13 @@ def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: 
         p.create(service(p.model, sized.name, p.generation, sized.engine))
 
 
-def vllm_config(p: Pass, sized: PoolPlan, package_folder: str, context: int) -> dict[str, Any]:
-    """The engine arguments the pool's package Job writes into model.json (the same function, the same plan)."""
-    serving = sized.serving(p.generation, context)
-    return engine_args(served_checkpoint(repository_in_pod(package_folder), p.name),
-                       p.settings.catalog.get(serving.gpu_profile), serving.sizing, serving.max_batch_size,
-                       PACKAGE_DTYPE, reads_own_config_class(unpack_config(p.build.child_config or "")))
+def pool_serving(p: Pass, plan: BuildPlan, sized: PoolPlan, context: int) -> PoolServing:
+    """What the pool's package Job writes, its vLLM engine arguments among it (`PoolPlan.serving`): for the
+    checkpoint in the pool's package folder, read through tailor's config class where the child's config says
+    so. The package Job writes them into model.json from its plan; the revision shows them as its annotation."""
+    checkpoint = served_checkpoint(repository_in_pod(plan.layout.package(p.generation, sized.name)), p.name)
+    return sized.serving(p.generation, context, p.settings.catalog, checkpoint,
+                         reads_own_config_class(unpack_config(p.build.child_config or "")))
 
 
 def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:
@@ -218,12 +209,12 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
         if (waiting := claim_ready(p, spec)) is not None:
             progress.message = waiting
             return False
-        serving = sized.serving(p.generation, deployment.context_length)
+        serving = pool_serving(p, plan, sized, deployment.context_length)
         measure = sized.name == speedup.measured_pool(spec) and sized.engine is Engine.VLLM
         pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
         start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
                                                                                         sized.name),
-                  pool_scheduling(deployment, sized.name), pool=sized.name)
+                  pool_scheduling(pool_target(deployment, sized.name), sized.node_selector), pool=sized.name)
         return False
     return job_outcome(p, job) is not None
 

@@ -76,9 +76,10 @@ def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus)
     assert deployment is not None
     repository = repository_in_pod(plan.layout.speed(p.generation, pool.name))
     config_map = names.package_plan_name(p.name, p.generation, pool.name)
-    start_job(p, spec, plan, "speed", p.generation, config_map, pool_scheduling(deployment, pool.name),
+    target = pool_target(deployment, pool.name)  # started from the status: no `PoolPlan` here, the spec's selector
+    start_job(p, spec, plan, "speed", p.generation, config_map, pool_scheduling(target, target.node_selector),
               pool=pool.name, sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1,
-                                                    pool_target(deployment, pool.name)))
+                                                    target))
 
 
 def record(p: Pass, found: ServedSpeedup, message: str) -> None:

@@ -11,10 +11,10 @@ from tailor.compressor.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
-from tailor.operator.decision import Pass, owned_by
+from tailor.operator.decision import Pass
 from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.manifest import finishing_condition, owned_by, owned_metadata
 from tailor.operator.memo import Memo
-from tailor.operator.observe import job_finished
 from tailor.operator.resolve import mounted_claims
 from tailor.operator.settings import ALLOWED_LABEL, SHARED_ANNOTATION
 from tailor.operator.tenancy import check_claim
@@ -38,8 +38,7 @@ def claim_ready(p: Pass, spec: CompressedModelSpec) -> str | None:
     if claim is None:
         manifest: dict[str, Any] = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": p.namespace,
-                         "labels": {**names.model_labels(p.model), names.MODEL_UID: p.uid}},
+            "metadata": owned_metadata(p.model, name, names.model_labels(p.model), by_label=True),
             "spec": {"accessModes": ["ReadWriteMany"],
                      "resources": {"requests": {"storage": spec.storage.size or p.settings.claim_size}}}}
         if spec.storage.storage_class_name is not None:
@@ -83,7 +82,8 @@ def service_account(p: Pass, name: str) -> None:
 
 
 def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
-    """The plan a Job reads, unless it is already there; immutable, as the Jobs that read it."""
+    """A plan ConfigMap (what a Job reads, or a generation's new floor), unless it is already there; immutable,
+    as the Jobs that read it."""
     if p.owned("ConfigMap", name) is None:
         text = plan.dump()
         PLANS.put(text, plan)  # it reads back equal (tests/unit/test_operator_resolve.py)
@@ -130,12 +130,11 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
 def job_outcome(p: Pass, job: dict[str, Any]) -> str | None:
     """The Job's result message once it succeeded; None while it runs; refused when it failed."""
     name = job["metadata"]["name"]
-    state = job_finished(job)
-    if state == "Failed":
-        failure = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
+    finished = finishing_condition(job)
+    if finished is not None and finished["type"] == "Failed":
         detail = p.world.results.get(name)
-        reason = str(failure.get("reason") or Reason.JOB_FAILED)
-        raise Refused(reason, f"Job {name} failed: {failure.get('message', '')}" + (f"; {detail}" if detail else ""))
-    if state is None:
+        reason = str(finished.get("reason") or Reason.JOB_FAILED)
+        raise Refused(reason, f"Job {name} failed: {finished.get('message', '')}" + (f"; {detail}" if detail else ""))
+    if finished is None:
         return None
     return p.world.results.get(name, "")

@@ -29,6 +29,7 @@ from tailor.compressor.memory import KvDtype
 from tailor.compressor.sizing import Sizing
 
 ENGINE_ARGS_FILE = "model.json"  # a vLLM model's engine arguments, in its version folder beside model.py
+MAX_BATCH_CAP = 64  # requests one replica batches at most (vLLM's max_num_seqs), whatever memory allows
 # model_type of a child -> the config class engines read it through: a file of tailor's copied beside the weights
 # and named in `auto_map` (transformers has neither type). No other code travels with a checkpoint.
 CONFIG_CLASSES = {"nemotron-nas": ("configuration_decilm.py", "configuration_decilm.DeciLMConfig"),
@@ -141,6 +142,12 @@ def reads_own_config_class(config: dict[str, Any]) -> bool:
     the config with the classes it ships."""
     own = CONFIG_CLASSES.get(str(config.get("model_type", "")))
     return own is not None and config.get("auto_map", {"AutoConfig": own[1]}) == {"AutoConfig": own[1]}
+
+
+def max_num_seqs(concurrency: int) -> int:
+    """Requests a replica runs at once (vLLM's max_num_seqs, the Python engine's max_batch_size): the
+    `concurrency` its sizing holds (`Sizing.concurrency_per_replica`), capped at `MAX_BATCH_CAP`."""
+    return min(concurrency, MAX_BATCH_CAP)
 
 
 def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int, dtype: str,

@@ -4,7 +4,8 @@ vLLM (the production engine, on every GPU pool and, through its CPU build, on th
     <out>/repository/<name>/config.pbtxt     backend "python", decoupled, the request interface of NVIDIA's
                                              vLLM backend
     <out>/repository/<name>/1/model.py       tailor's vLLM backend (`vllm_backend.py`, copied as is)
-    <out>/repository/<name>/1/model.json     vLLM engine arguments from the sizing (`engine_args`)
+    <out>/repository/<name>/1/model.json     vLLM engine arguments from the sizing (`engine_args`; a package
+                                             Job writes the operator's, from its build plan)
     <out>/repository/<name>/1/checkpoint/    the checkpoint (hard links where the filesystem allows)
 The model carries its backend, so every server runs the same code on it: Triton's Python backend runs
 `model.py` with the Python of the image (NVIDIA's Triton vLLM image on GPU pools, which has vLLM; the devcluster's
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tailor.compressor.architecture import Architecture, architecture_from_config
-from tailor.compressor.buildplan import MAX_BATCH_CAP, REPOSITORY
+from tailor.compressor.buildplan import REPOSITORY
 from tailor.compressor.checkpoint import read_config, read_quant_config
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.hardware import GpuProfile, Precision
@@ -40,6 +41,7 @@ from tailor.compressor.serving.engines import (
     ENGINE_ARGS_FILE,
     Engine,
     engine_args,
+    max_num_seqs,
     reads_own_config_class,
     served_checkpoint,
 )
@@ -145,11 +147,13 @@ def _link_or_copy(source: str, target: str) -> None:
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, engine: Engine = Engine.VLLM,
             max_batch_size: int | None = None, instances: int = 1, decoupled: bool = False, threads: int = 2,
             max_queue_delay_us: int = 2000, mount: str | None = None, dtype: str = "bfloat16",
-            tensor_parallel: int = 1, sizing: Sizing | None = None) -> PackageSettings:
+            tensor_parallel: int = 1, sizing: Sizing | None = None,
+            vllm_args: dict[str, Any] | None = None) -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
-    `context` on `gpu` (capped at 64). A given `sizing` (the operator's, from the build plan) is used as is,
-    once the checkpoint is checked to be what it was sized for. `mount`: where the server finds the
-    repository (default: `<out>/repository`)."""
+    `context` on `gpu` (`max_num_seqs`). A given `sizing` and `vllm_args` (the operator's, from the build plan)
+    are used as they are, once the checkpoint is checked to be what it was sized for; else vLLM's engine
+    arguments are computed here (`engine_args`). `mount`: where the server finds the repository (default:
+    `<out>/repository`)."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
@@ -161,14 +165,17 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
     if sizing.concurrency_per_replica < 1:
         raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")
-    batch = max_batch_size or min(sizing.concurrency_per_replica, MAX_BATCH_CAP)
+    batch = max_batch_size or max_num_seqs(sizing.concurrency_per_replica)
     if batch > sizing.concurrency_per_replica:
         raise ValueError(f"--max-batch-size {batch} is above the {sizing.concurrency_per_replica} requests of "
                          f"{context} tokens that fit one {gpu.name}")
     kind = "KIND_CPU" if gpu.family == "cpu" else "KIND_GPU"
-    checkpoint = served_checkpoint(mount or str((out / REPOSITORY).resolve()), name)
-    args = engine_args(checkpoint, gpu, sizing, batch, dtype, reads_own_config_class(config)) \
-        if engine is Engine.VLLM else None
+    args = vllm_args
+    if engine is not Engine.VLLM:
+        args = None
+    elif args is None:
+        checkpoint = served_checkpoint(mount or str((out / REPOSITORY).resolve()), name)
+        args = engine_args(checkpoint, gpu, sizing, batch, dtype, reads_own_config_class(config))
     settings = PackageSettings(name=name, engine=engine, gpu=gpu.name, context=context, recipe=recipe.name,
                                max_batch_size=batch, instances=instances, kind=kind,
                                decoupled=decoupled or engine is Engine.VLLM, max_queue_delay_us=max_queue_delay_us,

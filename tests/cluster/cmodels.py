@@ -17,19 +17,19 @@ class _Objects:
     """create / patch / delete CompressedModels through the custom objects API."""
 
     def create(self, objects: client.CustomObjectsApi, namespace: str, body: dict[str, Any]) -> None:
-        body = {"apiVersion": f"{model.GROUP}/{model.VERSION}", "kind": model.KIND, **body}
-        objects.create_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL, body)
+        body = {"apiVersion": f"{model.GROUP}/{model.API_VERSION}", "kind": model.KIND, **body}
+        objects.create_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL, body)
 
     def patch(self, objects: client.CustomObjectsApi, namespace: str, name: str, patch: dict[str, Any]) -> None:
         objects.api_client.set_default_header("Content-Type", "application/merge-patch+json")
         try:
-            objects.patch_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL, name, patch)
+            objects.patch_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL, name, patch)
         finally:
             objects.api_client.default_headers.pop("Content-Type", None)
 
 
     def delete(self, objects: client.CustomObjectsApi, namespace: str, name: str) -> None:
-        objects.delete_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL, name)
+        objects.delete_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL, name)
 
 
 OBJECTS = _Objects()
@@ -50,7 +50,7 @@ def h100_example(name: str, annotations: dict[str, str]) -> dict[str, Any]:
 
 def cmodel(objects: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        found: dict[str, Any] = objects.get_namespaced_custom_object(model.GROUP, model.VERSION, namespace,
+        found: dict[str, Any] = objects.get_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace,
                                                                       model.PLURAL, name)
         return found
     except ApiException as error:

@@ -109,7 +109,7 @@ def crd(api: client.ApiClient, kubectl: Callable[..., Any]) -> None:
 
 def _served(api: client.ApiClient) -> bool:
     try:
-        client.CustomObjectsApi(api).list_cluster_custom_object(model.GROUP, model.VERSION, model.PLURAL)
+        client.CustomObjectsApi(api).list_cluster_custom_object(model.GROUP, model.API_VERSION, model.PLURAL)
     except ApiException:
         return False
     return True
@@ -232,11 +232,11 @@ class InstalledOperator:
 def delete_models(api: client.ApiClient, namespace: str) -> None:
     """Delete a namespace's CompressedModels and wait until their finalizers have run."""
     objects = client.CustomObjectsApi(api)
-    for item in objects.list_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL)["items"]:
-        objects.delete_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL,
+    for item in objects.list_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL)["items"]:
+        objects.delete_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL,
                                                 item["metadata"]["name"])
     wait_for("the CompressedModels to be deleted", lambda: not objects.list_namespaced_custom_object(
-        model.GROUP, model.VERSION, namespace, model.PLURAL)["items"], timeout_s=60)
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL)["items"], timeout_s=60)
 
 
 DEVCLUSTER_VALUES = REPO / "devcluster" / "chart-values.yaml"

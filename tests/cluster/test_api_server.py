@@ -21,7 +21,7 @@ Objects = client.CustomObjectsApi
 
 def create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     return Objects(api).create_namespaced_custom_object(  # type: ignore[no-any-return]
-        model.GROUP, model.VERSION, namespace, model.PLURAL, body, field_validation="Strict")
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL, body, field_validation="Strict")
 
 
 def server_verdict(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str | None:
@@ -73,7 +73,7 @@ def test_source_is_immutable(api: client.ApiClient, namespace: str) -> None:
     create(api, namespace, patched({"metadata": {"name": "immutable"}}))
     with pytest.raises(ApiException) as raised:
         Objects(api).patch_namespaced_custom_object(
-            model.GROUP, model.VERSION, namespace, model.PLURAL, "immutable",
+            model.GROUP, model.API_VERSION, namespace, model.PLURAL, "immutable",
             {"spec": {"source": {"uri": "hf://other/model"}}})
     assert raised.value.status == 422
     assert "spec.source" in raised.value.body and "immutable" in raised.value.body
@@ -83,10 +83,10 @@ def test_source_is_immutable(api: client.ApiClient, namespace: str) -> None:
 def test_status_is_a_validated_subresource(api: client.ApiClient, namespace: str) -> None:
     objects = Objects(api)
     create(api, namespace, patched({"metadata": {"name": "status"}, "status": {"phase": "Ready"}}))
-    stored = objects.get_namespaced_custom_object(model.GROUP, model.VERSION, namespace, model.PLURAL, "status")
+    stored = objects.get_namespaced_custom_object(model.GROUP, model.API_VERSION, namespace, model.PLURAL, "status")
     assert "status" not in stored, "status must only change through the status subresource"
     with pytest.raises(ApiException) as raised:
-        objects.patch_namespaced_custom_object_status(model.GROUP, model.VERSION, namespace, model.PLURAL,
+        objects.patch_namespaced_custom_object_status(model.GROUP, model.API_VERSION, namespace, model.PLURAL,
                                                       "status", {"status": {"phase": "Bogus"}})
     assert "status.phase" in raised.value.body
 
@@ -100,7 +100,7 @@ def test_kubectl_get_shows_the_printer_columns(api: client.ApiClient, namespace:
         architecture=model.ArchitectureSummary(total_params_billions=75.3, active_params_billions=9.3,
                                                precision="fp8"))
     Objects(api).patch_namespaced_custom_object_status(
-        model.GROUP, model.VERSION, namespace, model.PLURAL, "printed",
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL, "printed",
         {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")})
     lines = kubectl("get", "cmodel", "-A").stdout.splitlines()
     assert lines[0].split() == ["NAMESPACE", "NAME", "PHASE", "PROGRESS", "PARAMS(B)", "ACTIVE(B)", "PRECISION",

@@ -143,7 +143,7 @@ def test_updates_gate_and_rollout(api: client.ApiClient, namespace: str, operato
     assert "m-g2-compress" not in jobs(api, namespace)  # no recompression for a deployment-only change
     assert "TrafficSwitched" in events(api, namespace, "m")
 
-    OBJECTS.patch(objects, namespace, "m", {"spec": {"compression": {"minQualityRetention": 0.99},
+    OBJECTS.patch(objects, namespace, "m", {"spec": {"compression": {"rounds": 2},
                                                      "jobs": {"podAnnotations": published_results(passed=False)}}})
     failed = wait_phase(objects, namespace, "m", "Failed", operator, generation=3)
     conditions = {c["type"]: c for c in failed["status"]["conditions"]}

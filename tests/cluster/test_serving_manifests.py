@@ -15,8 +15,9 @@ from tailor.compressor.memory import KvDtype, recipe_for
 from tailor.compressor.serving.engines import Engine
 from tailor.operator import api as model
 from tailor.operator.deployment import manifests, service
-from tailor.operator.pools import Built, plan_pools
+from tailor.operator.pools import Built
 
+from compressedmodels import plan_deployment
 from conftest import REPO, wait_for
 
 KINDS = ("Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler")
@@ -40,14 +41,14 @@ def test_pools_sized_from_live_nodes_deploy_and_go_with_their_model(api: client.
     body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "nemotron-super-b200.yaml").read_text())
     body["metadata"]["namespace"] = namespace
     created = client.CustomObjectsApi(api).create_namespaced_custom_object(
-        model.GROUP, model.VERSION, namespace, model.PLURAL, body)
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL, body)
     spec = model.CompressedModel.model_validate(created).spec
     nodes = [client.ApiClient().sanitize_for_serialization(node)
              for node in client.CoreV1Api(api).list_node().items]
     assert spec.deployment is not None
     child = load_architecture("nemotron-3-puzzle-75b-a9b")
     built = Built(arch=child, recipe=recipe_for(Precision.NVFP4, child), kv_dtype=KvDtype.FP8)
-    plans = plan_pools(spec.deployment, nodes, built, GpuCatalog.load())
+    plans = plan_deployment(spec.deployment, nodes, built, GpuCatalog.load())
     assert [(p.name, p.gpu_profile, len(p.nodes), p.skipped) for p in plans] == [
         ("b200", "B200-180GB", 1, None), ("h100", "H100-80GB", 2, None)]
     assert spec.deployment is not None
@@ -61,5 +62,5 @@ def test_pools_sized_from_live_nodes_deploy_and_go_with_their_model(api: client.
     assert _owned(api, namespace) == sorted([f"{kind}/{name}-{pool}-g1" for pool in ("b200", "h100") for kind in KINDS
                                              if kind != "Service"] + [f"Service/{name}-b200", f"Service/{name}-h100"])
     client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        model.GROUP, model.VERSION, namespace, model.PLURAL, body["metadata"]["name"])
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL, body["metadata"]["name"])
     wait_for("the garbage collector to delete the owned objects", lambda: not _owned(api, namespace), timeout_s=90)

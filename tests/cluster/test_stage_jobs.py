@@ -29,7 +29,7 @@ def owner(api: client.ApiClient, namespace: str) -> Iterator[dict[str, Any]]:
     body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
     body["metadata"]["namespace"] = namespace
     created: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
-        model.GROUP, model.VERSION, namespace, model.PLURAL, body)
+        model.GROUP, model.API_VERSION, namespace, model.PLURAL, body)
     core = client.CoreV1Api(api)
     core.create_persistent_volume({"metadata": {"name": f"{namespace}-artifacts"}, "spec": {
         "capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": "/tmp/artifacts"},

@@ -1,17 +1,21 @@
-"""Files generated from one source stay equal to it: the chart's CRD, the field reference, and the metric names
+"""Files generated from one source stay equal to it: the chart's CRD, the reference pages, and the metric names
 the prometheus-adapter rules serve."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import yaml
 
+from tailor.cli import generated
 from tailor.operator import crd
 from tailor.operator.deployment import POD_METRICS
 
 
 def test_the_chart_ships_the_same_crd_as_crds() -> None:
     assert crd.CHART_CRD_FILE.read_bytes() == crd.CRD_FILE.read_bytes()
-    assert crd.stale() == [], "run `tailor crd generate`"
+    assert generated.stale(crd.generated()) == [], "run `tailor crd generate`"
 
 
 def test_the_reference_documents_every_spec_field() -> None:
@@ -45,3 +49,37 @@ def test_one_version_everywhere() -> None:
     assert values["jobs"]["image"] == RUNTIME_IMAGE
     assert RUNTIME_IMAGE.endswith(f":{VERSION_OF_TAILOR}") and TRITON_VLLM_IMAGE in crd.CRD_FILE.read_text()
     assert any(TRITON_VLLM_IMAGE.startswith(prefix) for prefix in values["tenancy"]["allowedImagePrefixes"])
+
+
+def test_the_cli_and_chart_values_pages_are_generated_from_their_sources() -> None:
+    from tailor.cli.main import build_parser
+
+    assert generated.stale(generated.docs(build_parser())) == [], "run `tailor docs generate`"
+
+
+def test_the_values_page_gives_each_value_its_comment_and_check() -> None:
+    """Each value of values.schema.json has a row; a value's comment in values.yaml (the lines above its key)
+    and a section's `# -- ` comment land in its row, and so does what the schema checks."""
+    page = generated.render_values()
+    schema = json.loads((generated.CHART / "values.schema.json").read_text())
+
+    def leaves(node: dict[str, Any], prefix: str) -> list[str]:
+        children = node.get("properties") or {}
+        return [leaf for name, child in children.items()
+                for leaf in (leaves(child, f"{prefix}{name}.") or [f"{prefix}{name}"])]
+
+    for path in leaves(schema, ""):
+        assert f"| `{path}` |" in page, path
+    claim = next(row for row in page.splitlines() if row.startswith("| `jobs.claimSize` |"))
+    assert "Size of the artifacts claim" in claim and "matches `^[0-9]+" in claim
+    jobs = next(row for row in page.splitlines() if row.startswith("| `jobs` |"))
+    assert "The stage Jobs (compress, quantize, evaluate, package)." in jobs
+
+
+def test_the_cli_page_has_every_command_with_its_help() -> None:
+    from tailor.cli.main import build_parser
+
+    page = generated.render_cli(build_parser())
+    for command in ("tailor compress", "tailor devcluster up", "tailor docs generate", "tailor operator-release"):
+        assert f"\n## {command}\n" in page, command
+    assert "--dry-run" in page.split("\n## tailor compress\n")[1].split("\n## ")[0]

@@ -19,9 +19,17 @@ from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedMode
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
 from tailor.operator.memo import IdentityMemo
-from tailor.operator.pools import Built, HeldGpus, NodeSnapshot, PoolPlan, held_by_others, held_gpus, node_gpu
-from tailor.operator.pools import plan_pools as plan_deployment
+from tailor.operator.pools import (
+    Built,
+    HeldGpus,
+    NodeSnapshot,
+    PoolPlan,
+    held_by_others,
+    held_gpus,
+    node_gpu,
+)
 
+from compressedmodels import plan_deployment
 from corpus import EXAMPLES
 from fakekube import ready_nodes
 
@@ -37,6 +45,7 @@ def plan_pools(model: CompressedModel, nodes: list[dict[str, Any]]) -> list[Pool
     assert model.spec.deployment is not None
     return plan_deployment(model.spec.deployment, nodes, Built(arch=CHILD, recipe=recipe, kv_dtype=KvDtype.FP8),
                            CATALOG)
+
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
 

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tailor.compressor.buildplan import DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan
+from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan
 from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
 from tailor.compressor.serving.engines import Engine
-from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
+from tailor.devcluster.simulated import RESULT_ANNOTATION, SIMULATED, published_results
 from tailor.operator import execute, handlers, names, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
 from tailor.operator.decision import (
@@ -36,16 +36,12 @@ from tailor.operator.decision import (
 from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
-from tailor.operator.observe import job_finished, termination_messages
-from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
+from tailor.operator.manifest import job_finished
+from tailor.operator.observe import termination_messages
+from tailor.operator.settings import OperatorSettings
 
+from compressedmodels import H100, PRIVATE_PARENT, REPO, SETTINGS, builtin_super, manifest
 from fakekube import FakeKube, ready_nodes
-
-REPO = Path(__file__).resolve().parents[2]
-SETTINGS = OperatorSettings(annotation_prefixes=(*ANNOTATION_PREFIXES, "devcluster.tailor.dev/"))
-H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
-PRIVATE_PARENT = "hf://example-org/private-parent"  # not a built-in model: the operator cannot check its fit
 
 
 def give_claim(kube: FakeKube, name: str, to: str = "m") -> None:
@@ -53,21 +49,6 @@ def give_claim(kube: FakeKube, name: str, to: str = "m") -> None:
     kube.create("test", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
         "name": name, "namespace": "ns", "labels": {"tailor.dev/allowed": "true"},
         "annotations": {"tailor.dev/shared-with": to}}})
-
-
-def manifest(name: str = "m", results: dict[str, str] | None = None, **deployment: Any) -> dict[str, Any]:
-    """The H100 example (NVFP4, weight-only on Hopper, 10^6 tokens) on an H100 and an A100-40GB pool; the
-    stage results ride on pod annotations, as on the devcluster."""
-    body = yaml.safe_load((REPO / "examples" / "nemotron-super-h100.yaml").read_text())
-    body["metadata"] = {"name": name, "namespace": "ns"}
-    body["spec"]["source"] = {"uri": PRIVATE_PARENT,  # its config is unknown here: no pre-flight check
-                              "credentialsSecret": {"name": f"{name}-credentials"}}  # its own
-    body["spec"]["jobs"] = {"podAnnotations": published_results() if results is None else results}
-    body["spec"]["deployment"]["pools"] = [
-        {"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16}},
-        {"name": "a100", "nodeSelector": A100, "concurrency": {"perNode": 8}}]
-    body["spec"]["deployment"].update({"maxReplicas": 8, **deployment})
-    return body
 
 
 def step(kube: FakeKube, name: str = "m") -> Decision:
@@ -141,10 +122,11 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     assert package.pool.gpu_profile == "H100-80GB" and package.pool.max_batch_size == 8
     assert (package.pool.engine, package.pool.quantized, h100.engine) == (Engine.VLLM, True, "vllm")
     # what each replica runs, as `kubectl get deploy -o yaml` shows it: NVIDIA's Triton vLLM image and the
-    # engine arguments the package Job writes into model.json, from the same sizing
+    # engine arguments the package Job writes into model.json, from its plan (computed once, by the operator)
     revision = kube.obj("Deployment", "m-h100-g1")
     assert revision["spec"]["template"]["spec"]["containers"][0]["image"] == TRITON_VLLM_IMAGE
     engine = json.loads(revision["metadata"]["annotations"]["tailor.dev/engine-args"])
+    assert engine == package.pool.engine_args
     sizing = package.pool.sizing
     checkpoint = f"/models/{names.folder(kube.model('m'))}/g1/triton-h100/repository/m/1/checkpoint"  # mounted
     # 8 requests' KV and Mamba state in vLLM's pages (each Mamba state padded to an attention page of 6,272
@@ -329,14 +311,56 @@ def test_a_deployment_change_rolls_out_beside_the_serving_revision(kube: FakeKub
 def test_a_failed_gate_keeps_the_serving_revision_and_is_not_retried(kube: FakeKube) -> None:
     kube.apply(manifest())
     drive(kube, "Ready")
-    kube.update_spec("m", {"compression": {"minQualityRetention": 0.99},
-                           "jobs": {"podAnnotations": published_results(passed=False)}})
+    kube.update_spec("m", {"compression": {"rounds": 2}, "jobs": {"podAnnotations": published_results(passed=False)}})
     failed = drive(kube, "Failed")
     assert kube.condition("m", "Failed")["reason"] == "QualityGateFailed"
     assert kube.condition("m", "Ready")["status"] == "True" and failed.status.serving_generation == 1
     assert kube.names("Deployment") == ["m-h100-g1"]
     kube.update_spec("m", {"deployment": {"maxReplicas": 3}})  # same build inputs: the gate is not rerun
     assert step(kube).phase == "Failed" and "m-g4-compress" not in kube.names("Job")
+
+
+def test_a_floor_change_decides_the_gate_again_from_the_measured_scores(kube: FakeKube) -> None:
+    """A generation that changes only minQualityRetention reuses the build (retention 0.59 / 0.60 = 0.9833): it
+    gets the build's plan with the new floor, and the gate is decided again at that plan's floor. Raised above
+    the retention, the generation fails and generation 1 keeps serving; lowered again, it passes and serves. No
+    compression, quantization or evaluation Job runs again."""
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.99}})
+    failed = drive(kube, "Failed")
+    assert kube.condition("m", "Failed")["reason"] == "QualityGateFailed"
+    assert kube.condition("m", "Ready")["status"] == "True" and failed.status.serving_generation == 1
+    assert kube.names("Deployment") == ["m-h100-g1"]
+    gate = kube.condition("m", "QualityGatePassed")
+    assert gate["status"] == "False" and gate["message"].startswith("re-decided from the measured scores (the "
+                                                                    "floor was 0.97): retention 0.9833 against a "
+                                                                    "floor of 0.99")
+    plan = plan_of(kube, "m-g2-plan")
+    assert (plan.evaluate.min_retention, plan.layout.build) == (0.99, 1)
+    assert plan == plan_of(kube, "m-g1-plan").model_copy(update={"evaluate": plan.evaluate})  # only the floor
+    assert failed.status.build is not None and (failed.status.build.generation,
+                                                failed.status.build.plan_generation) == (1, 2)
+    assert failed.status.quality is not None and failed.status.quality.min_quality_retention == 0.99
+    assert failed.status.quality.passed is False
+    assert any(e[:2] == ("Normal", "QualityFloorChanged") and "reused" in e[2] for e in kube.events)
+
+    kube.update_spec("m", {"compression": {"minQualityRetention": 0.95}})
+    ready = drive(kube, "Ready")
+    assert ready.status.serving_generation == 3 and kube.names("Deployment") == ["m-h100-g3"]
+    assert ready.status.quality is not None and ready.status.quality.passed is True
+    assert ready.status.quality.min_quality_retention == 0.95
+    assert plan_of(kube, "m-g3-plan").evaluate.min_retention == 0.95
+    redecided = [e[2] for e in kube.events if e[1] == "QualityGateRedecided"]
+    assert redecided == ["re-decided from the measured scores (the floor was 0.99): retention 0.9833 against a floor "
+                         f"of 0.95 (next_token_accuracy: child 0.5900, parent 0.6000); SIMULATED, not computed: "
+                         f"{SIMULATED}"]
+    evaluate = next(s for s in ready.status.stages if s.name == "Evaluate")
+    assert (evaluate.state, evaluate.reason) == ("Succeeded", "Simulated")
+    built = sorted(job for job in kube.names("Job")
+                   if kube.obj("Job", job)["metadata"]["labels"][names.STAGE] in BUILD_STAGES)
+    assert built == ["m-g1-compress", "m-g1-evaluate", "m-g1-quantize"]
+    assert [e[1] for e in kube.events].count("BuildStarted") == 1
 
 
 # --- the batch a build is planned at -----------------------------------------------------------------------
@@ -605,15 +629,6 @@ def test_plan_overrides_are_bounded_and_cannot_change_what_the_operator_decides(
 # --- the pre-flight check ------------------------------------------------------------------------------------
 
 
-def builtin_super(jobs: dict[str, Any], global_tokens: int) -> dict[str, Any]:
-    """The H100 example from the built-in Nemotron-3-Super staged on a claim, on `jobs`' GPUs."""
-    body = manifest()
-    body["spec"]["source"] = {"uri": "pvc://models/nemotron-3-super-120b-a12b"}
-    body["spec"]["jobs"].update(jobs)
-    body["spec"]["compression"]["distillation"] = {"blockwiseTokens": 10**6, "globalTokens": global_tokens}
-    return body
-
-
 def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothing(kube: FakeKube) -> None:
     body = builtin_super({"gpusPerNode": 8, "nodes": 2}, global_tokens=100_000)
     body["spec"]["storage"] = {"size": "1Ti"}  # the chart's default, too small for this build
@@ -729,7 +744,7 @@ def test_a_build_keeps_every_generation_a_revision_reads(kube: FakeKube) -> None
     kube.update_spec("m", {"deployment": {"maxReplicas": 2}})  # deployment only: g2 on h100, b200 keeps g1
     drive(kube, "Ready")
     assert kube.names("Deployment") == ["m-b200-g1", "m-h100-g2"] and kube.status("m")["servingGeneration"] == 2
-    kube.update_spec("m", {"compression": {"minQualityRetention": 0.9}})  # a new build, g3
+    kube.update_spec("m", {"compression": {"rounds": 2}})  # a new build, g3
     step(kube)
     assert plan_of(kube, "m-g3-plan").layout.keep == [1, 2]
 
@@ -741,10 +756,10 @@ def test_a_rebuild_keeps_the_last_good_child_until_the_new_one_passes_its_gate(k
     body["spec"]["deployment"] = None
     kube.apply(body)
     drive(kube, "Ready")
-    kube.update_spec("m", {"compression": {"minQualityRetention": 0.9}})  # a new build, g2
+    kube.update_spec("m", {"compression": {"rounds": 2}})  # a new build, g2
     step(kube)
     assert plan_of(kube, "m-g2-plan").layout.keep == [1]
-    kube.update_spec("m", {"compression": {"minQualityRetention": 0.8}})  # g3 starts before g2 passed its gate
+    kube.update_spec("m", {"compression": {"rounds": 1}})  # g3 starts before g2 passed its gate
     step(kube)
     assert plan_of(kube, "m-g3-plan").layout.keep == [1]  # g1 is still the last good child
 

@@ -195,7 +195,7 @@ def test_quantize_and_the_gate_read_the_text_of_the_plan_or_of_their_flags() -> 
 def test_new_text_is_a_new_build_and_no_text_keeps_the_fingerprint_of_before() -> None:
     plain = CompressedModelSpec.model_validate({"source": {"uri": "hf://org/parent"},
                                                 "compression": {"targetGPU": "H100-80GB", "throughputFactor": 2}})
-    assert fingerprint(plain) == "e0169449a90c649a"  # as before spec.compression.data existed: no rebuilds
+    assert fingerprint(plain, floor=True) == "e0169449a90c649a"  # as before spec.compression.data existed
     base = fingerprint(example().spec)
     with_data = fingerprint(example(data=DATA).spec)
     assert with_data != base
@@ -262,3 +262,13 @@ def test_a_plan_reads_back_as_it_was_written(example_file: str) -> None:
     plan = resolve(spec, body, 1, CATALOG, target_batch(spec, NODES, CATALOG).value)
     assert BuildPlan.parse(plan.dump()) == plan
     assert BuildPlan.parse(plan.dump()).dump() == plan.dump()
+
+
+def test_the_floor_is_not_what_the_artifacts_depend_on() -> None:
+    """A new minQualityRetention keeps the fingerprint (the gate is decided again, `decide.floor_plan`); builds
+    recorded before it left the fingerprint are known by `floor=True`."""
+    spec, raised = example().spec, example(minQualityRetention=0.99).spec
+    assert fingerprint(raised) == fingerprint(spec)
+    assert fingerprint(raised, floor=True) != fingerprint(spec, floor=True)
+    assert fingerprint(spec, floor=True) != fingerprint(spec)
+    assert fingerprint(example(rounds=2).spec) != fingerprint(spec)

@@ -17,7 +17,7 @@ def catalog() -> GpuCatalog:
 
 
 def test_api_enum_lists_exactly_the_builtin_profiles(catalog: GpuCatalog) -> None:
-    assert [p.value for p in api.GpuProfile] == catalog.names
+    assert [p.value for p in api.TargetGpu] == catalog.names
 
 
 def test_nvfp4_runs_natively_only_on_blackwell(catalog: GpuCatalog) -> None:

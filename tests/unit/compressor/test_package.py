@@ -11,8 +11,8 @@ from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.memory import KvDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
-from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, Engine
-from tailor.compressor.serving.repository import MAX_BATCH_CAP, VLLM_BACKEND, package
+from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, MAX_BATCH_CAP, Engine
+from tailor.compressor.serving.repository import VLLM_BACKEND, package
 from tailor.compressor.serving.server import backend_folder
 from tailor.compressor.serving.speedup import package_pair, skipped
 
@@ -41,6 +41,11 @@ def test_the_repository_is_sized_for_the_exported_precision_and_kv_cache(fp8_wit
     vllm = json.loads((model / "1" / "model.json").read_text())
     assert vllm["model"] == "/models/pkg/repository/tiny/1/checkpoint" and vllm["kv_cache_dtype"] == "fp8"
     assert (vllm["max_num_seqs"], vllm["max_model_len"], vllm["block_size"]) == (MAX_BATCH_CAP, 2048, 16)
+    given = {**vllm, "max_num_seqs": 8}  # a package Job's, from its build plan: written as they are
+    planned = package(fp8_with_fp8_kv, tmp_path / "planned", "tiny", h100, 2048, max_batch_size=8,
+                      sizing=settings.sizing, vllm_args=given)
+    assert planned.engine_args == given == json.loads(
+        (tmp_path / "planned" / "repository" / "tiny" / "1" / "model.json").read_text())
     fallback = package(fp8_with_fp8_kv, tmp_path / "fallback", "tiny", h100, 2048, engine=Engine.PYTHON)
     config = (tmp_path / "fallback" / "repository" / "tiny" / "config.pbtxt").read_text()
     assert fallback.engine_args is None and "kind: KIND_GPU" in config

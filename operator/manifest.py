@@ -1,0 +1,138 @@
+"""What every manifest the operator writes shares, each rule once: the metadata of an object a CompressedModel owns
+and the test of who owns one; what a pod gets per GPU (requests, a memory limit, a memory-backed /dev/shm) and its
+security contexts; when a Job has finished and a Deployment is available; Kubernetes quantities.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailor.compressor.hostmemory import HostNeed, stage_need
+from tailor.operator import names
+from tailor.operator.api import API_VERSION, GROUP, KIND
+
+# --- quantities ----------------------------------------------------------------------------------
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": 10**-3}
+_SUFFIXES = sorted(_UNITS, key=len, reverse=True)  # Mi before M and m
+
+
+def _unit(quantity: str) -> str:
+    """A quantity's suffix; "" for a plain number."""
+    return next((suffix for suffix in _SUFFIXES if quantity.endswith(suffix)), "")
+
+
+def quantity_value(quantity: str) -> float:
+    """A Kubernetes quantity (2Gi, 500m, 1.5T) as a number."""
+    unit = _unit(quantity)
+    return float(quantity[:-len(unit)]) * _UNITS[unit] if unit else float(quantity)
+
+
+def decimal_quantity(value: float) -> str:
+    """A number as a quantity: whole, else in thousandths (0.8 is 800m)."""
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def scaled(per_gpu: dict[str, str], gpus: int) -> dict[str, str]:
+    """Resource quantities for `gpus` GPUs from whole per-GPU quantities like 500m or 2Gi, in the same unit."""
+    out = {}
+    for resource, quantity in per_gpu.items():
+        unit = _unit(quantity)
+        out[resource] = f"{int(quantity[:len(quantity) - len(unit)]) * gpus}{unit}"
+    return out
+
+
+# --- metadata ------------------------------------------------------------------------------------
+
+
+def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
+    """The CompressedModel as its objects' controller: they go when it goes."""
+    return {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": KIND, "name": model["metadata"]["name"],
+            "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def owned_metadata(model: dict[str, Any], name: str, labels: dict[str, str], by_label: bool = False
+                   ) -> dict[str, Any]:
+    """The metadata of `model`'s object `name` in its namespace: owned through an owner reference, or `by_label`
+    through the owner's uid label (the claim, which deletionPolicy Retain keeps after the object goes)."""
+    if by_label:
+        return {"name": name, "namespace": model["metadata"]["namespace"],
+                "labels": {**labels, names.MODEL_UID: model["metadata"]["uid"]}}
+    return {"name": name, "namespace": model["metadata"]["namespace"], "labels": labels,
+            "ownerReferences": [owner_reference(model)]}
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether the object of uid `uid` owns `obj`, by owner reference or uid label (`owned_metadata`)."""
+    meta = obj["metadata"]
+    return (any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
+            or (meta.get("labels") or {}).get(names.MODEL_UID) == uid)
+
+
+def owner_uid(obj: dict[str, Any]) -> str | None:
+    """The uid of the CompressedModel that `obj` names as its owner, if any."""
+    return next((ref.get("uid") for ref in obj.get("metadata", {}).get("ownerReferences", [])
+                 if ref.get("kind") == KIND), None)
+
+
+# --- pods ----------------------------------------------------------------------------------------
+
+RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+# fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps a GPU pod out of BestEffort
+SHM_PER_GPU_GIB = 8
+
+
+def shm_bytes(gpus: int) -> int:
+    """The memory-backed /dev/shm a pod of `gpus` GPUs gets (none for one: no workers exchange through it)."""
+    return SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
+
+
+def shared_memory(gpus: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The /dev/shm of a container of `gpus` GPUs (`shm_bytes`), as its volume mounts and the pod's volumes: none
+    for one GPU. NCCL and torch's shared-memory tensors need more than the runtime's 64 MiB default."""
+    if gpus <= 1:
+        return [], []
+    return ([{"name": "shm", "mountPath": "/dev/shm"}],
+            [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}}])
+
+
+def memory_bounds(host: HostNeed | None, gpus: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Requests and limits for a pod of `gpus` GPUs that holds `host` in RAM (None: a stage's allowance): the
+    per-GPU floor, a request of the need where it is this model's footprint (an allowance is only a bound), and
+    the limit with headroom and the pod's /dev/shm."""
+    host = host or stage_need(gpus)
+    requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
+    if not host.assumed:
+        requests["memory"] = max(requests["memory"], host.request(), key=quantity_value)
+    return requests, {"memory": host.limit(shm_bytes(gpus))}
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+def finishing_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The Job's `Complete` or `Failed` condition once the Job controller sets it, else None."""
+    return next((condition for condition in (job.get("status") or {}).get("conditions") or []
+                 if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True"), None)
+
+
+def job_finished(job: dict[str, Any]) -> str | None:
+    """`Complete` or `Failed` once the Job controller says so, else None."""
+    condition = finishing_condition(job)
+    return None if condition is None else str(condition["type"])
+
+
+def deployment_available(deployment: dict[str, Any], floor: int | None = None) -> tuple[bool, int]:
+    """Whether a Deployment is available at its current spec, and its available replicas. One that serves already
+    needs only `floor` of them (its HPA's minReplicas): the replicas the HPA adds while they start, or drains
+    while they stop, do not make it unavailable."""
+    status, wanted = deployment.get("status") or {}, (deployment.get("spec") or {}).get("replicas", 1)
+    count = int(status.get("availableReplicas", 0))
+    if floor is not None:  # a scale's new generation is not waited for either
+        return count >= min(wanted, floor), count
+    current = status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
+    return current and count >= wanted and status.get("updatedReplicas", 0) >= wanted, count
