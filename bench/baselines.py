@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tailor.compressor.architecture import Attention, Block, Mlp, NoOp, Part
-from tailor.compressor.checkpoint import read_config, write_checkpoint
-from tailor.compressor.modeling import Branch, Decoder, GatedMlp, RMSNorm, SelfAttention
+from tailor.compressor.model.architecture import Attention, Block, Mlp, NoOp, Part
+from tailor.compressor.model.checkpoint import read_config, write_checkpoint
+from tailor.compressor.model.modeling import Branch, Decoder, GatedMlp, RMSNorm, SelfAttention
 
 
 @torch.no_grad()

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from tailor.compressor import sources
-from tailor.compressor.checkpoint import load_decoder
-from tailor.compressor.costs import Phase, Workload
-from tailor.compressor.measure import MeasuredCosts
+from tailor.compressor.model.checkpoint import load_decoder
 from tailor.compressor.puzzle.calibration import CalibrationError, calibrate
+from tailor.compressor.puzzle.measure import MeasuredCosts
+from tailor.compressor.sizing.costs import Phase, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -63,10 +63,10 @@ FAMILIES = {"llama": llama_config, "nemotron-h": nemotron_h_config}
 def write_parent(folder: Path, config: dict[str, Any], tokenizer: Path) -> int:
     """A random model of `config` in BF16 (std 0.02 matrices, unit norms), written one layer per shard, with
     `tokenizer`'s files (SmolLM2's: 49,152 tokens); its parameter count."""
-    from tailor.compressor.architecture import architecture_from_config
-    from tailor.compressor.checkpoint import settings_from_config
-    from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint
-    from tailor.compressor.modeling import Decoder
+    from tailor.compressor.model.architecture import architecture_from_config
+    from tailor.compressor.model.checkpoint import settings_from_config
+    from tailor.compressor.model.lazy import LazyDecoder, sharded_checkpoint
+    from tailor.compressor.model.modeling import Decoder
 
     arch = architecture_from_config(config, "bench parent")
     with torch.device("meta"):

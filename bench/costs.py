@@ -7,7 +7,7 @@ machine's device.
     bench/device/block_costs.sh                                    # on the device's GPU (see its README)
 
 Calibrates the device first (BF16 GEMM peak and copy bandwidth), then times each variant with torch
-(`tailor.compressor.measure`, fresh measurements in a temporary cache) and prints, per variant and
+(`tailor.compressor.puzzle.measure`, fresh measurements in a temporary cache) and prints, per variant and
 workload, the roofline from the built-in profile (`cpu` here, the matching GPU profile on CUDA), the
 roofline from the calibrated peaks, the measurement, and measured / roofline, then the median ratio per block
 kind and phase. The ratios are the figure: the absolute times move with the machine's load. `--model` takes a
@@ -23,8 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tailor.compressor import measure
-from tailor.compressor.architecture import (
+from tailor.compressor.model.architecture import (
     Architecture,
     Attention,
     Linear,
@@ -36,9 +35,10 @@ from tailor.compressor.architecture import (
     architecture_from_config,
     load_architecture,
 )
-from tailor.compressor.costs import CostModel, Phase, Workload
-from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.memory import RECIPES
+from tailor.compressor.puzzle import measure
+from tailor.compressor.sizing.costs import CostModel, Phase, Workload
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision
+from tailor.compressor.sizing.memory import RECIPES
 
 WORKLOADS = [Workload(phase=Phase.DECODE, batch=1, context=512), Workload(phase=Phase.DECODE, batch=8, context=512),
              Workload(phase=Phase.PREFILL, batch=1, context=512)]

@@ -5,10 +5,10 @@ this machine's device.
     .venv/bin/python bench/decode_context.py [--model nemotron-3-nano-30b-a3b] [--batch 1]
         [--contexts 256 4096 32768] [--out bench/results/decode_context.json]
 
-Each mixer is timed as the Puzzle search times it (`tailor.compressor.measure`, fresh measurements in a
+Each mixer is timed as the Puzzle search times it (`tailor.compressor.puzzle.measure`, fresh measurements in a
 temporary cache). The timings move with the machine's load; the figure is each step's time over its time at the
 shortest context: near 1x for Mamba-2, growing with the context for attention. The unit tests check the rule
-itself by counting what a step reads, not by timing it (tests/unit/compressor/test_measure.py).
+itself by counting what a step reads, not by timing it (tests/unit/compressor/puzzle/test_measure.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from tailor.compressor import measure
-from tailor.compressor.architecture import Part, load_architecture
-from tailor.compressor.costs import Phase, Workload
+from tailor.compressor.model.architecture import Part, load_architecture
+from tailor.compressor.puzzle import measure
+from tailor.compressor.sizing.costs import Phase, Workload
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ EXAMPLE = REPO / "examples" / "nemotron-super-h100.yaml"
 TIMER = """
 import statistics, sys, time
 import yaml
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.operator import preflight
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.resolve import resolve

@@ -23,10 +23,11 @@ def one(rows: int, args: argparse.Namespace) -> dict[str, float]:
     import torch
     from compress_memory import llama_config  # type: ignore[import-not-found]
 
-    from tailor.compressor.architecture import architecture_from_config
-    from tailor.compressor.checkpoint import settings_from_config
-    from tailor.compressor.modeling import Decoder
-    from tailor.compressor.puzzle import gkd, peaks
+    from tailor.compressor import peaks
+    from tailor.compressor.model.architecture import architecture_from_config
+    from tailor.compressor.model.checkpoint import settings_from_config
+    from tailor.compressor.model.modeling import Decoder
+    from tailor.compressor.puzzle import gkd
     from tailor.compressor.puzzle.footprint import saved_bytes_per_token
 
     peaks.map_large_allocations()

@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "kernel_cache.json")
     args = parser.parse_args()
     if args.one:
-        from tailor.compressor.puzzle import peaks
+        from tailor.compressor import peaks
         figures = WORKLOADS[args.one]()
         print(json.dumps({**figures, "peak_rss_mib": peaks.read()["rss"] / 2**20}))
         return

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tailor.compressor.moe import ExpertList, Experts
+from tailor.compressor.model.moe import ExpertList, Experts
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {  # name: (experts, top-k, inputs, width, tokens)

@@ -47,16 +47,17 @@ import torch
 from baselines import block_influence, drop_slots, minitron, minitron_importance, minitron_shapes, save_minitron
 from transformers import AutoTokenizer
 
-from tailor.compressor.checkpoint import load_decoder, save_decoder
-from tailor.compressor.costs import Phase, Workload
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.modeling import Decoder
+from tailor.compressor.model.checkpoint import load_decoder, save_decoder
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.calibration import SPEED_TOLERANCE, measured_speedup
-from tailor.compressor.puzzle.data import documents, load_splits, text_files, token_windows
+from tailor.compressor.puzzle.data import load_splits
 from tailor.compressor.puzzle.evaluate import qualities, quality
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.puzzle.plan import Plan, PlanError
+from tailor.compressor.sizing.costs import Phase, Workload
+from tailor.compressor.text import documents, text_files, token_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -45,15 +45,15 @@ from transformers import AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
 from tailor.compressor import sources
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
 from tailor.compressor.serving import client
-from tailor.compressor.serving.engines import Engine
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import triton_server
 from tailor.compressor.serving.speed import Row, Sample, interleaved, ratios, vllm_request
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuCatalog
+from tailor.compressor.text import split_texts, text_files, token_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 512

@@ -1,5 +1,5 @@
 """A Triton replica's host memory on the `cpu` profile, measured against what the operator asks and allows for it
-(`compressor/hostmemory.py`: weights + the KV cache vLLM allots + the runtime term).
+(`compressor/sizing/hostmemory.py`: weights + the KV cache vLLM allots + the runtime term).
 
 For each (context, batch): SmolLM2-135M packaged as a pool's package Job packages it, served by tritonserver with
 vLLM's CPU build, `2 x batch` requests of 64 tokens sent `batch` at a time; the server's process tree is sampled
@@ -24,14 +24,14 @@ from typing import Any
 
 import psutil
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.hostmemory import serving_need
-from tailor.compressor.memory import GIB, RECIPES, KvDtype
+from tailor.compressor.model.architecture import load_architecture
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import triton_server
-from tailor.compressor.sizing import size
+from tailor.compressor.sizing.concurrency import size
+from tailor.compressor.sizing.hardware import GpuCatalog
+from tailor.compressor.sizing.hostmemory import serving_need
+from tailor.compressor.sizing.memory import GIB, RECIPES, KvDtype
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20

@@ -12,11 +12,11 @@ import argparse
 import json
 from pathlib import Path
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.costs import CostModel
-from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.memory import GB, GIB, KvDtype, RuntimeReserve, recipe_for, weight_bytes
-from tailor.compressor.sizing import Published, reserve_window, size
+from tailor.compressor.model.architecture import load_architecture
+from tailor.compressor.sizing.concurrency import Published, reserve_window, size
+from tailor.compressor.sizing.costs import CostModel
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision
+from tailor.compressor.sizing.memory import GB, GIB, KvDtype, RuntimeReserve, recipe_for, weight_bytes
 
 PUBLISHED = {  # model: (total params, active params, NVFP4 weights GB, concurrent 1M requests on one H100)
     "nemotron-3-super-120b-a12b": (120.7e9, 12.8e9, 70.0, 1),

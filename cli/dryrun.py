@@ -1,7 +1,7 @@
 """`tailor compress --dry-run`: build the parent on the meta device and print what every stage needs per rank.
 
 Nothing is downloaded, trained or loaded: the parent's config.json comes from a folder, a built-in model
-(`compressor/models`) or the local Hugging Face cache. Exit 0 when every stage fits, 2 when one does not
+(`compressor/model/models`) or the local Hugging Face cache. Exit 0 when every stage fits, 2 when one does not
 (the shortfalls on stderr).
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from tailor.cli.compress import config_plan
-from tailor.compressor.architecture import MODELS_DIR, Architecture, architecture_from_config, builtin_models
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.model.architecture import MODELS_DIR, Architecture, architecture_from_config, builtin_models
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
+from tailor.compressor.sizing.hardware import GpuCatalog
 
 DOES_NOT_FIT = 2  # the exit status when a stage needs more than a rank has
 SHOWN_PARTS = 3  # the largest parts of each stage's peak in the table
@@ -26,7 +26,7 @@ SHOWN_PARTS = 3  # the largest parts of each stage's peak in the table
 def parent_config(parent: str) -> tuple[dict[str, Any], str]:
     """The parent's config.json and where it was read, without downloading or training anything."""
     from tailor.compressor import sources
-    from tailor.compressor.checkpoint import read_config
+    from tailor.compressor.model.checkpoint import read_config
 
     if Path(parent).is_dir():
         return read_config(Path(parent)), f"{parent}/config.json"
@@ -54,8 +54,8 @@ def built_on_meta(config: dict[str, Any], source: str) -> Architecture:
     """The parent's architecture, after building the model itself on the meta device with as many parameters."""
     import torch
 
-    from tailor.compressor.checkpoint import settings_from_config
-    from tailor.compressor.modeling import Decoder
+    from tailor.compressor.model.checkpoint import settings_from_config
+    from tailor.compressor.model.modeling import Decoder
 
     arch = architecture_from_config(config, source)
     with torch.device("meta"):

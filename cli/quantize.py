@@ -18,18 +18,18 @@ EXAMPLES = """examples:
 
 The folder appears only when complete: weights, config.json with quantization_config,
 hf_quant_config.json, the tokenizer and quantization.json (the report). NVFP4 layers are evaluated on CPU
-by computing from the exported packed weights (`tailor.compressor.quantize.nvfp4`).
+by computing from the exported packed weights (`tailor.compressor.model.nvfp4`).
 """
 
 
 def _quantize(args: argparse.Namespace) -> int:
     from tailor.cli.plans import corpus, needs, one_process, write_results
+    from tailor.compressor import peaks
     from tailor.compressor.buildplan import BuildPlan
-    from tailor.compressor.hardware import GpuCatalog, GpuProfile
-    from tailor.compressor.puzzle import peaks
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.quantize.pipeline import QuantizeJob, run
     from tailor.compressor.quantize.recipes import QuantFormat
+    from tailor.compressor.sizing.hardware import GpuCatalog, GpuProfile
 
     one_process("quantize")
     peaks.map_large_allocations()  # this process streams models and trains nothing
@@ -59,9 +59,9 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    from tailor.compressor.checkpoint import load_decoder
-    from tailor.compressor.quantize.fp8 import Fp8Linear
-    from tailor.compressor.quantize.nvfp4 import Nvfp4Linear
+    from tailor.compressor.model.checkpoint import load_decoder
+    from tailor.compressor.model.fp8 import Fp8Linear
+    from tailor.compressor.model.nvfp4 import Nvfp4Linear
     from tailor.compressor.quantize.ptq import repair_export
 
     for repair in repair_export(args.folder):
@@ -74,9 +74,9 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from tailor.cli.plans import corpus, needs, one_process, write_results
+    from tailor.compressor import peaks
     from tailor.compressor.buildplan import BuildPlan
     from tailor.compressor.evaluation import evaluate
-    from tailor.compressor.puzzle import peaks
     from tailor.compressor.puzzle.pipeline import resolve_parent
 
     one_process("evaluate")
@@ -99,8 +99,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def add_parser(nouns: Any) -> None:
     from tailor.cli.plans import add_corpus_flags
-    from tailor.compressor.memory import KvDtype
     from tailor.compressor.quantize.recipes import QuantFormat
+    from tailor.compressor.sizing.memory import KvDtype
 
     parser = nouns.add_parser("quantize", help="quantize a model (NVFP4, FP8) with modelopt and export it",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -19,7 +19,7 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from tailor.compressor.hardware import GpuCatalog
+    from tailor.compressor.sizing.hardware import GpuCatalog
     from tailor.operator import handlers
     from tailor.operator.deployment import ServingIngress
     from tailor.operator.settings import OperatorSettings

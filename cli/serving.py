@@ -32,10 +32,10 @@ def _openai(args: argparse.Namespace) -> int:
 def _package(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs
     from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan
-    from tailor.compressor.hardware import GpuCatalog
     from tailor.compressor.puzzle.pipeline import resolve_parent
-    from tailor.compressor.serving.engines import Engine
     from tailor.compressor.serving.repository import package
+    from tailor.compressor.sizing.engines import Engine
+    from tailor.compressor.sizing.hardware import GpuCatalog
 
     plan = BuildPlan.load(args.plan) if args.plan else None
     if plan is not None:  # the operator sized the pool and computed vLLM's arguments: nothing is re-derived here

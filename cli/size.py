@@ -9,9 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
-from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision, resolve_precision
-from tailor.compressor.memory import (
+from tailor.compressor.model.architecture import Architecture, builtin_models, load_architecture
+from tailor.compressor.sizing.concurrency import Sizing, size, smallest_tensor_parallel
+from tailor.compressor.sizing.hardware import GpuCatalog, GpuProfile, Precision, resolve_precision
+from tailor.compressor.sizing.memory import (
     GB,
     RECIPES,
     KvDtype,
@@ -20,7 +21,6 @@ from tailor.compressor.memory import (
     recipe_for,
     resolve_kv_dtype,
 )
-from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
 
 EXAMPLES = """examples:
   tailor size --model nemotron-3-puzzle-75b-a9b --gpu H100-80GB --context 1M

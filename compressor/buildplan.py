@@ -23,11 +23,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
-from tailor.compressor.memory import KvDtype
 from tailor.compressor.puzzle.plan import Plan, PlanError, problems
-from tailor.compressor.serving.engines import MAX_BATCH_CAP, Engine
-from tailor.compressor.sizing import Sizing
+from tailor.compressor.sizing.concurrency import Sizing
+from tailor.compressor.sizing.engines import MAX_BATCH_CAP, Engine
+from tailor.compressor.sizing.hardware import GpuCatalog, GpuProfile, Precision
+from tailor.compressor.sizing.memory import KvDtype
 
 # libyaml's emitter and parser where PyYAML has them (several times the pure-Python ones: the operator writes a plan
 # per build and per pool, and reads each once)

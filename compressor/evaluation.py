@@ -16,12 +16,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.puzzle.data import corpus_texts, token_windows
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.puzzle.data import corpus_texts
 from tailor.compressor.puzzle.evaluate import logit_chunks
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.puzzle.scoring import kl_and_loss
 from tailor.compressor.results import GateResult
+from tailor.compressor.text import token_windows
 
 
 @torch.no_grad()

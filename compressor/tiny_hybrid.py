@@ -19,11 +19,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tailor.compressor import sources, training
-from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import settings_from_config, write_checkpoint
-from tailor.compressor.mamba import Mamba2
-from tailor.compressor.modeling import Decoder
+from tailor.compressor import sources
+from tailor.compressor.model import training
+from tailor.compressor.model.architecture import architecture_from_config
+from tailor.compressor.model.checkpoint import settings_from_config, write_checkpoint
+from tailor.compressor.model.mamba import Mamba2
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.text import split_texts, text_files, token_windows
 
 NAME = "tiny-nemotron-h"
 DENSE_NAME = "tiny-nemotron-h-dense"
@@ -79,8 +81,6 @@ def fetch_tiny_hybrid(dense: bool = False) -> Path:
     if (final / "config.json").exists():
         return final
     from transformers import AutoTokenizer
-
-    from tailor.compressor.puzzle.data import split_texts, text_files, token_windows
 
     tokenizer_dir = sources.fetch_parent()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

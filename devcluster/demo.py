@@ -221,7 +221,7 @@ class Demo:
         """The pool's Triton answers PROMPT through its engine; with vLLM, the engine's own count of the
         concurrent requests its KV cache holds is read from the pod's metrics beside the sizing's."""
         from tailor.compressor.serving.client import generate, infer
-        from tailor.compressor.serving.engines import Engine, max_num_seqs
+        from tailor.compressor.sizing.engines import Engine, max_num_seqs
 
         name = body["metadata"]["name"]
         status = next(p for p in body["status"]["pools"] if p["name"] == pool)

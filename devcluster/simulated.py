@@ -11,11 +11,11 @@ every pool for real, from the child's config.json, as it would after real Jobs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from tailor.compressor.model.architecture import MODELS_DIR
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, SpeedResult, pack_config
 
-PUBLISHED_CHILD = Path(__file__).resolve().parent.parent / "compressor" / "models" / "nemotron-3-puzzle-75b-a9b.json"
+PUBLISHED_CHILD = MODELS_DIR / "nemotron-3-puzzle-75b-a9b.json"
 RESULT_ANNOTATION = "devcluster.tailor.dev/result-{stage}"
 SIMULATED = ("devcluster canned figures of the published Puzzle-75B case (devcluster/simulated.py); kwok ended "
              "the pod, no GPU ran this stage")

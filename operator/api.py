@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from tailor.compressor import hardware
+from tailor.compressor.sizing import hardware
 
 GROUP = "tailor.dev"
 API_VERSION = "v1alpha1"
@@ -57,7 +57,7 @@ class ApiModel(BaseModel):
 
 _BUILTIN_GPUS = hardware.GpuCatalog.load().profiles.values()
 # The GPU profiles a model can be compressed for (`spec.compression.targetGPU`): the built-ins of
-# compressor/gpus.yaml, one member each (H100_80GB = "H100-80GB"), so the CRD's enum is that file's list.
+# compressor/sizing/gpus.yaml, one member each (H100_80GB = "H100-80GB"), so the CRD's enum is that file's list.
 TargetGpu = StrEnum("TargetGpu", [(p.name.upper().replace("-", "_"), p.name)  # type: ignore[misc]
                                   for p in _BUILTIN_GPUS])
 VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written

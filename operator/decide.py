@@ -19,10 +19,10 @@ import math
 import yaml
 from pydantic import ValidationError
 
-from tailor.compressor.architecture import ConfigError, architecture_from_config
 from tailor.compressor.buildplan import DATA_MOUNT, PLAN_FILE, SOURCE_MOUNT, BuildPlan, Stage
-from tailor.compressor.memory import RECIPES
+from tailor.compressor.model.architecture import ConfigError, architecture_from_config
 from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, StageResult, unpack_config
+from tailor.compressor.sizing.memory import RECIPES
 from tailor.operator import names, preflight, rollout
 from tailor.operator.api import (
     STAGE_PHASES,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
-from tailor.compressor.hostmemory import HostNeed
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import GROUP, DeploymentSpec, NodePoolTarget
 from tailor.operator.manifest import (

@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
-from tailor.compressor.hardware import GpuProfile
-from tailor.compressor.hostmemory import HostNeed
+from tailor.compressor.sizing.hardware import GpuProfile
+from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, PodPlacement
 from tailor.operator.deployment import NO_EGRESS, PORTS

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailor.compressor.hostmemory import HostNeed, stage_need
+from tailor.compressor.sizing.hostmemory import HostNeed, stage_need
 from tailor.operator import names
 from tailor.operator.api import API_VERSION, GROUP, KIND
 

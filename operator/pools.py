@@ -11,7 +11,7 @@ namespace's unfinished pods, but not the revision being sized) are not capacity 
 the free GPUs hold, and where that limits them the status says how many GPUs other pods hold (only there: other
 tenants' pods come and go, and a figure that follows them would rewrite every model's status as they do). A pool
 whose GPUs have no FP8 math (Ampere) cannot serve an FP8 or NVFP4 checkpoint and is skipped; NVFP4 on Hopper runs
-weight-only (W4A16) and is noted. Each pool gets its engine (`serving/engines.py`): vLLM on GPUs; on the `cpu`
+weight-only (W4A16) and is noted. Each pool gets its engine (`sizing/engines.py`): vLLM on GPUs; on the `cpu`
 development profile vLLM's CPU build with the BF16 child where it cannot run the quantized checkpoint, or the Python
 fallback engine where it cannot run the model at all (MoE hybrids). Before there is a build, what a pool asks of
 each GPU (`gpu_ask`) gives the build its batch (`resolve.target_batch`).
@@ -28,14 +28,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tailor.compressor.architecture import Architecture
 from tailor.compressor.buildplan import PACKAGE_DTYPE, PoolServing
-from tailor.compressor.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
-from tailor.compressor.hostmemory import HostNeed, serving_need
-from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
-from tailor.compressor.serving import engines
-from tailor.compressor.serving.engines import Engine, cache_bytes, choose, engine_args
-from tailor.compressor.sizing import Sizing, size, smallest_tensor_parallel
+from tailor.compressor.model.architecture import Architecture
+from tailor.compressor.sizing import engines
+from tailor.compressor.sizing.concurrency import Sizing, size, smallest_tensor_parallel
+from tailor.compressor.sizing.engines import Engine, cache_bytes, choose, engine_args
+from tailor.compressor.sizing.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
+from tailor.compressor.sizing.hostmemory import HostNeed, serving_need
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
 from tailor.operator.memo import IdentityMemo

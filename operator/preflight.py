@@ -3,7 +3,7 @@ does the artifacts claim hold what the build writes?
 
 A plan that cannot fit fails the object with the stage and the shortfall (reason DoesNotFit) instead of a pod
 that runs out of memory hours in. The check needs the parent's config, and the operator reads neither claims
-nor the Hub: it knows the built-in models (`compressor/models`), by their Hub names or by a pvc:// folder of
+nor the Hub: it knows the built-in models (`compressor/model/models`), by their Hub names or by a pvc:// folder of
 the same name. For any other parent the check is skipped, and the Job's own run is the first to find out.
 Pure and torch-free (`compressor/puzzle/footprint.py`).
 """
@@ -15,10 +15,10 @@ import math
 
 from pydantic import BaseModel, Field
 
-from tailor.compressor.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hostmemory import HostNeed, compression_need, offload_need
+from tailor.compressor.model.architecture import Architecture, builtin_models, load_architecture
 from tailor.compressor.puzzle.footprint import GIB, Footprint, footprint
+from tailor.compressor.sizing.hostmemory import HostNeed, compression_need, offload_need
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
 from tailor.operator.manifest import quantity_value

@@ -24,9 +24,9 @@ from tailor.compressor.buildplan import (
     EvaluateStep,
     QuantizeStep,
 )
-from tailor.compressor.hardware import GpuCatalog, Precision, resolve_precision
-from tailor.compressor.memory import KvDtype, resolve_kv_dtype
 from tailor.compressor.puzzle.plan import Plan, Training, problems
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision, resolve_precision
+from tailor.compressor.sizing.memory import KvDtype, resolve_kv_dtype
 from tailor.operator import names
 from tailor.operator.api import MAX_BATCH, CompressedModelSpec
 from tailor.operator.manifest import quantity_value

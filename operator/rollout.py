@@ -15,11 +15,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from tailor.compressor.architecture import architecture_from_config
 from tailor.compressor.buildplan import BuildPlan, PoolServing, repository_in_pod
-from tailor.compressor.memory import RECIPES, KvDtype
+from tailor.compressor.model.architecture import architecture_from_config
 from tailor.compressor.results import unpack_config
-from tailor.compressor.serving.engines import Engine, reads_own_config_class, served_checkpoint
+from tailor.compressor.sizing.engines import Engine, reads_own_config_class, served_checkpoint
+from tailor.compressor.sizing.memory import RECIPES, KvDtype
 from tailor.operator import names, speedup
 from tailor.operator.api import (
     CompressedModelSpec,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.operator.api import RUNTIME_IMAGE
 from tailor.operator.deployment import SERVING_SERVICE_ACCOUNT, ServingIngress
 from tailor.operator.jobs import JOB_SERVICE_ACCOUNT

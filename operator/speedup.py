@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from tailor.compressor.buildplan import BuildPlan, repository_in_pod
 from tailor.compressor.results import SpeedResult
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, PoolStatus, ServedSpeedup, SpeedRatioStatus
 from tailor.operator.conditions import Refused

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan, Stage
-from tailor.compressor.hostmemory import HostNeed
+from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused

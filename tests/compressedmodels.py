@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import published_results
 from tailor.operator.api import DeploymentSpec
 from tailor.operator.pools import Built, PoolPlan, plan_pool

@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
-from tailor.compressor.lazy import LazyDecoder
+from tailor.compressor.model.checkpoint import load_decoder, read_config, write_checkpoint
+from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.plan import Distillation
 

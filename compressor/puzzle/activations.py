@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from tailor.compressor.checkpoint import CheckpointError
 from tailor.compressor.files import save_tensors
-from tailor.compressor.lazy import LazyDecoder, run_rows
+from tailor.compressor.model.checkpoint import CheckpointError
+from tailor.compressor.model.lazy import LazyDecoder, run_rows
 from tailor.compressor.puzzle import parallel, tokens
 
 Progress = Callable[[str], None]

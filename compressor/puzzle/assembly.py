@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from tailor.compressor.architecture import Architecture, Block
-from tailor.compressor.checkpoint import child_config, read_config
-from tailor.compressor.lazy import LazyDecoder, sharded_checkpoint
-from tailor.compressor.modeling import Decoder
+from tailor.compressor.model.architecture import Architecture, Block
+from tailor.compressor.model.checkpoint import child_config, read_config
+from tailor.compressor.model.lazy import LazyDecoder, sharded_checkpoint
+from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.puzzle.bld import variant_branch
 from tailor.compressor.puzzle.library import Variant
 

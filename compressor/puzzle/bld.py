@@ -22,11 +22,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from tailor.compressor.checkpoint import CheckpointError
+from tailor.compressor import peaks
 from tailor.compressor.files import save_tensors
-from tailor.compressor.lazy import LazyDecoder, materialise
-from tailor.compressor.modeling import Branch, HybridLayer, Layer, build_branch, residual
-from tailor.compressor.puzzle import parallel, peaks
+from tailor.compressor.model.checkpoint import CheckpointError
+from tailor.compressor.model.lazy import LazyDecoder, materialise
+from tailor.compressor.model.modeling import Branch, HybridLayer, Layer, build_branch, residual
+from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress, chunk_files
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.library import Variant, init_variant

@@ -31,10 +31,10 @@ from collections.abc import Callable
 import torch
 from pydantic import BaseModel
 
-from tailor.compressor.architecture import Block, NoOp
-from tailor.compressor.costs import Workload
-from tailor.compressor.measure import MeasuredCosts, decode_step_runner, time_call
-from tailor.compressor.modeling import Decoder
+from tailor.compressor.model.architecture import Block, NoOp
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.puzzle.measure import MeasuredCosts, decode_step_runner, time_call
+from tailor.compressor.sizing.costs import Workload
 
 ROUNDS = 5
 HEAD_MULTIPLE = 3.0  # the fixed cost is the LM head and the work between blocks: a few heads' worth at most ...

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
-from tailor.compressor.lazy import LazyDecoder, sweep
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle.footprint import CHUNK_TOKENS, LAYER_TOKENS
+from tailor.compressor.model.chunks import LAYER_TOKENS
+from tailor.compressor.model.lazy import LazyDecoder, sweep
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.puzzle.footprint import CHUNK_TOKENS
 from tailor.compressor.puzzle.scoring import kl_and_loss
 
 

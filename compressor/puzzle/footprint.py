@@ -20,10 +20,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Architecture, Attention, Mamba, Mlp, Moe, NoOp, Part
-from tailor.compressor.hardware import GpuProfile, Precision
+from tailor.compressor.model.architecture import Architecture, Attention, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.model.chunks import HEAD_SLICE, LAYER_TOKENS
 from tailor.compressor.puzzle.options import is_hybrid, part_options
 from tailor.compressor.puzzle.plan import Plan
+from tailor.compressor.sizing.hardware import GpuProfile, Precision
 
 GIB = 1024**3
 MAX_NODES = 64  # the CompressedModel API's ceiling for spec.jobs.nodes
@@ -31,13 +32,11 @@ TEACHER_SHARE = 0.75  # of a rank's budget: GKD shards the parent beside the chi
 WORKING_SHARE = 0.25  # of a rank's budget: scoring's variant streams, a streamed teacher's layer states
 MFU = 0.35  # assumption: the share of the profile's dense peak the stages reach
 TF32_SHARE = 0.5  # a float32 matmul on a GPU runs on TF32 tensor cores at half the BF16 peak (A100, H100, B200)
-LAYER_TOKENS = 1024  # tokens (whole sequences, at least one) a layer runs at once when capturing and scoring
 HEAD_TOKENS = 1024  # tokens (whole sequences, at least one) whose logits scoring holds at once
 CHUNK_TOKENS = 128  # tokens (whole sequences, at least one) whose logits evaluation holds at once
 WHOLE_MODEL_BYTES = 10  # per parameter of a model loaded whole to time its decoding: float32, then a BF16 copy
                         # made through another float32 one (`pipeline.fits`, `evaluate.decode_tokens_per_second`)
 STORED_BYTES = 2  # per parameter of the embedding and LM head, kept as checkpoints store them (BF16)
-HEAD_SLICE = 8192  # vocabulary rows of a kept-as-stored LM head widened to float32 at a time (`lazy.StoredHead`)
 GPU_RUNTIME_GIB = 2.0  # assumption: CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank
 CPU_RUNTIME_GIB = 0.8  # measured: a rank's resident set after imports and joining the process group (CUDA torch build)
 CPU_KERNELS_GIB = 0.25  # measured: oneDNN's BF16 kernels and primitive cache once BLD has trained on a CPU

@@ -36,10 +36,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
-from tailor.compressor.checkpoint import read_config
-from tailor.compressor.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.moe import PROJECTIONS, split_stacked
+from tailor.compressor.model.checkpoint import read_config
+from tailor.compressor.model.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.model.moe import PROJECTIONS, split_stacked
 from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.footprint import KL_TOKENS, WORKING_SHARE, block_params, teacher_is_sharded

@@ -24,9 +24,9 @@ from typing import Annotated
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from tailor.compressor.architecture import Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
-from tailor.compressor.mamba import Mamba2
-from tailor.compressor.modeling import (
+from tailor.compressor.model.architecture import Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.model.mamba import Mamba2
+from tailor.compressor.model.modeling import (
     Branch,
     GatedMlp,
     LinearAttention,
@@ -37,10 +37,10 @@ from tailor.compressor.modeling import (
     build_branch,
     residual,
 )
-from tailor.compressor.moe import MixtureOfExperts, ReluSquaredMlp
+from tailor.compressor.model.moe import MixtureOfExperts, ReluSquaredMlp
 from tailor.compressor.puzzle.options import part_options
 from tailor.compressor.puzzle.plan import Library
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
 
 
 class Variant(BaseModel):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 
-from tailor.compressor.architecture import Architecture, Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.model.architecture import Architecture, Attention, Linear, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.puzzle.plan import Library
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
 
 WIDTH_MULTIPLE = 16
 EXPERT_MULTIPLE = 128
@@ -60,7 +60,7 @@ def part_options(current: Part, parent: Part, layer: int, library: Library, engi
                  hybrid: bool = False) -> list[Part]:
     """The current part first, then every smaller option the library allows from it that `engine` loads
     (vLLM: no linear maps, the first block keeps its attention, a hybrid keeps every block and one Mamba shape;
-    `serving/engines.py`); no duplicates."""
+    `sizing/engines.py`); no duplicates."""
     options: list[Part] = [current]
     keep_attention = library.keep_attention if library.keep_attention is not None else hybrid
     if isinstance(current, Attention) and keep_attention:

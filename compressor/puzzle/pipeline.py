@@ -32,15 +32,13 @@ from typing import Any
 
 import torch
 
-from tailor.compressor import sources, tiny_hybrid
-from tailor.compressor.architecture import Architecture
-from tailor.compressor.checkpoint import CheckpointError, read_config
+from tailor.compressor import peaks, sources, tiny_hybrid
 from tailor.compressor.files import staged_folder, write_json, write_text
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.measure import MeasuredCosts
-from tailor.compressor.memory import recipe_for, weight_bytes
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.puzzle import activations, gkd, parallel, peaks
+from tailor.compressor.model.architecture import Architecture
+from tailor.compressor.model.checkpoint import CheckpointError, read_config
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.puzzle import activations, gkd, parallel
 from tailor.compressor.puzzle.assembly import assemble
 from tailor.compressor.puzzle.bld import run_bld
 from tailor.compressor.puzzle.calibration import (
@@ -55,6 +53,7 @@ from tailor.compressor.puzzle.data import Splits, load_splits
 from tailor.compressor.puzzle.evaluate import Quality, decode_tokens_per_second, qualities
 from tailor.compressor.puzzle.footprint import WHOLE_MODEL_BYTES, WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
+from tailor.compressor.puzzle.measure import MeasuredCosts
 from tailor.compressor.puzzle.options import is_hybrid
 from tailor.compressor.puzzle.plan import CostSource, FrozenDtype, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
@@ -62,6 +61,7 @@ from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
 from tailor.compressor.puzzle.resume import Checkpoints
 from tailor.compressor.puzzle.scoring import Score, gather_scores, score_variants
 from tailor.compressor.puzzle.search import Candidate, limits_for, pareto, solve
+from tailor.compressor.sizing.memory import recipe_for, weight_bytes
 
 
 class Log:

@@ -14,9 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from tailor.compressor.hardware import Precision
-from tailor.compressor.memory import KvDtype
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import Precision
+from tailor.compressor.sizing.memory import KvDtype
 
 MAX_TOKENS = 10**13  # the CompressedModel API's own ceiling for distillation budgets
 MAX_CONTEXT = 16 * 1024 * 1024
@@ -63,7 +63,7 @@ class FrozenDtype(StrEnum):
 class Target(_Spec):
     """Hardware and the limits the child must meet. Ratios are relative to the parent."""
 
-    gpu: str = Field("H100-80GB", description="GPU profile name or alias (compressor/gpus.yaml).")
+    gpu: str = Field("H100-80GB", description="GPU profile name or alias (compressor/sizing/gpus.yaml).")
     precision: Precision = Field(Precision.BF16, description="Weight precision the costs assume.")
     kv_dtype: KvDtype | None = Field(None, description="KV-cache dtype the costs assume; default: bf16 with bf16 "
                                                        "weights, else what the GPU computes in (fp8 where it can).")

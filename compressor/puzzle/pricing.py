@@ -1,9 +1,9 @@
-"""Stage 4, costs: what each variant costs on the target, from the cost model of `tailor.compressor.costs`.
+"""Stage 4, costs: what each variant costs on the target, from the cost model of `tailor.compressor.sizing.costs`.
 
 Per variant: decode seconds (one token for `batch` requests holding `context` tokens), prefill seconds
 (`batch` prompts of `context` tokens), weight bytes under the precision's recipe, KV bytes per token, Mamba
 state bytes per request and parameters. Times come from the roofline on the target GPU profile, or are
-measured with torch (`tailor.compressor.measure`) when this machine is the target. What is not a block
+measured with torch (`tailor.compressor.puzzle.measure`) when this machine is the target. What is not a block
 (embeddings, final norm, LM head) is a fixed cost shared by every candidate. No torch is imported unless
 measuring.
 """
@@ -14,10 +14,11 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from tailor.compressor.architecture import Architecture, Attention, Block, Mamba, NoOp, Part
-from tailor.compressor.costs import CostModel, Phase, Workload
-from tailor.compressor.hardware import GpuCatalog, GpuProfile, Precision
-from tailor.compressor.memory import (
+from tailor.compressor.model.architecture import Architecture, Attention, Block, Mamba, NoOp, Part
+from tailor.compressor.puzzle.plan import CostSource, Target
+from tailor.compressor.sizing.costs import CostModel, Phase, Workload
+from tailor.compressor.sizing.hardware import GpuCatalog, GpuProfile, Precision
+from tailor.compressor.sizing.memory import (
     KV_BYTES,
     KvDtype,
     block_weight_bytes,
@@ -26,7 +27,6 @@ from tailor.compressor.memory import (
     resolve_kv_dtype,
     weight_bytes,
 )
-from tailor.compressor.puzzle.plan import CostSource, Target
 
 
 class Price(BaseModel):
@@ -62,7 +62,7 @@ def resolve_source(target: Target, on_cpu: bool) -> CostSource:
 
 
 class Timer(Protocol):
-    """Measured seconds on this machine (`tailor.compressor.measure.MeasuredCosts`)."""
+    """Measured seconds on this machine (`tailor.compressor.puzzle.measure.MeasuredCosts`)."""
 
     def seconds(self, part: Part, hidden: int, work: Workload) -> float: ...
 

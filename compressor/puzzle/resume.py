@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 
-from tailor.compressor.checkpoint import CheckpointError
 from tailor.compressor.files import write_json
+from tailor.compressor.model.checkpoint import CheckpointError
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import Progress
 

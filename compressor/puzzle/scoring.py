@@ -21,13 +21,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 
 from tailor.compressor.files import write_json
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.modeling import residual
+from tailor.compressor.model.chunks import LAYER_TOKENS
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.model.modeling import residual
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import FINAL, Progress, scoring_file
 from tailor.compressor.puzzle.activations import load as load_activations
 from tailor.compressor.puzzle.bld import variant_branch
-from tailor.compressor.puzzle.footprint import HEAD_TOKENS, LAYER_TOKENS
+from tailor.compressor.puzzle.footprint import HEAD_TOKENS
 from tailor.compressor.puzzle.library import Variant
 
 

@@ -20,16 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerFast
 
 from tailor.compressor.files import staged_folder, write_json
-from tailor.compressor.hardware import GpuProfile
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
-from tailor.compressor.puzzle.data import corpus_texts, token_windows
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.puzzle.data import corpus_texts
 from tailor.compressor.puzzle.evaluate import Quality, qualities
 from tailor.compressor.puzzle.pipeline import Log, resolve_device
 from tailor.compressor.puzzle.plan import Corpus
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe
 from tailor.compressor.quantize.streamed import write_quantized
 from tailor.compressor.results import QuantizeResult
+from tailor.compressor.sizing.hardware import GpuProfile
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, weight_bytes
+from tailor.compressor.text import token_windows
 
 REPORT_FILE = "quantization.json"
 BF16 = RECIPES["bf16"]

@@ -28,19 +28,19 @@ from modelopt.torch.quantization.nn import TensorQuantizer
 from safetensors import safe_open
 from transformers import PretrainedConfig
 
-from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import (
+from tailor.compressor.files import write_json
+from tailor.compressor.model.architecture import architecture_from_config
+from tailor.compressor.model.checkpoint import (
     SCALE_SUFFIXES,
     read_config,
     read_quant_config,
     settings_from_config,
     write_metadata,
 )
-from tailor.compressor.files import write_json
-from tailor.compressor.memory import KvDtype, QuantRecipe
-from tailor.compressor.modeling import Decoder, SelfAttention
-from tailor.compressor.moe import PROJECTIONS, ExpertList, Experts, MixtureOfExperts, unstack_experts
+from tailor.compressor.model.modeling import Decoder, SelfAttention
+from tailor.compressor.model.moe import PROJECTIONS, ExpertList, Experts, MixtureOfExperts, unstack_experts
 from tailor.compressor.quantize.recipes import tensor_group
+from tailor.compressor.sizing.memory import KvDtype, QuantRecipe
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from tailor.compressor.architecture import Architecture, TensorGroup
-from tailor.compressor.hardware import GpuProfile, Precision, resolve_precision
-from tailor.compressor.memory import RECIPES, QuantRecipe, recipe_for
+from tailor.compressor.model.architecture import Architecture, TensorGroup
+from tailor.compressor.sizing.hardware import GpuProfile, Precision, resolve_precision
+from tailor.compressor.sizing.memory import RECIPES, QuantRecipe, recipe_for
 
 
 class QuantFormat(StrEnum):

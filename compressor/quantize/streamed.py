@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from tailor.compressor.lazy import LazyDecoder, ShardedWriter, recompute_rotary
-from tailor.compressor.memory import KvDtype, QuantRecipe
-from tailor.compressor.modeling import Decoder
+from tailor.compressor.model.lazy import LazyDecoder, ShardedWriter, recompute_rotary
+from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.quantize.ptq import (
     calibrate,
     export,
@@ -34,6 +33,7 @@ from tailor.compressor.quantize.ptq import (
     write_quant_config,
 )
 from tailor.compressor.quantize.recipes import tensor_group
+from tailor.compressor.sizing.memory import KvDtype, QuantRecipe
 
 STAND_IN_VOCAB = 16  # the wrapper's embedding and head: modelopt's exporter runs a 2-token dummy forward
 ROWS = 8  # sequences per forward call

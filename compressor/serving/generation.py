@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoTokenizer
 
-from tailor.compressor.checkpoint import load_decoder
+from tailor.compressor.model.checkpoint import load_decoder
 
 DEFAULT_MAX_TOKENS = 64
 MIN_TEMPERATURE = 1e-2  # a smaller positive temperature samples as this one (as vLLM does): logits / 1e-40 overflow

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tailor.compressor.serving.engines import ENGINE_ARGS_FILE
+from tailor.compressor.sizing.engines import ENGINE_ARGS_FILE
 
 # OpenAI's sampling fields and what tailor's vLLM backend calls them; vLLM's own extras pass as they are
 SAMPLING = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",

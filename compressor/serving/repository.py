@@ -31,13 +31,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tailor.compressor.architecture import Architecture, architecture_from_config
 from tailor.compressor.buildplan import REPOSITORY
-from tailor.compressor.checkpoint import read_config, read_quant_config
 from tailor.compressor.files import staged_folder, write_json
-from tailor.compressor.hardware import GpuProfile, Precision
-from tailor.compressor.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
-from tailor.compressor.serving.engines import (
+from tailor.compressor.model.architecture import Architecture, architecture_from_config
+from tailor.compressor.model.checkpoint import read_config, read_quant_config
+from tailor.compressor.sizing.concurrency import Sizing, size
+from tailor.compressor.sizing.engines import (
     ENGINE_ARGS_FILE,
     Engine,
     engine_args,
@@ -45,7 +44,8 @@ from tailor.compressor.serving.engines import (
     reads_own_config_class,
     served_checkpoint,
 )
-from tailor.compressor.sizing import Sizing, size
+from tailor.compressor.sizing.hardware import GpuProfile, Precision
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
 
 TEMPLATE_INPUTS = (
     ("text_input", "TYPE_STRING", "[ 1 ]"), ("input_ids", "TYPE_INT64", "[ -1 ]"),

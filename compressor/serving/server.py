@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailor.compressor.serving.engines import ENGINE_ARGS_FILE
+from tailor.compressor.sizing.engines import ENGINE_ARGS_FILE
 
 READY_TIMEOUT_S = 300.0
 VLLM_VENV_VARIABLE = "TAILOR_VLLM_VENV"

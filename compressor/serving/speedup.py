@@ -18,10 +18,10 @@ from pathlib import Path
 
 from tailor.compressor.buildplan import REPOSITORY
 from tailor.compressor.files import staged_folder, write_text
-from tailor.compressor.hardware import GpuProfile
 from tailor.compressor.results import SpeedRatio, SpeedResult
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.speed import Row, Sample, interleaved, ratios, vllm_request
+from tailor.compressor.sizing.hardware import GpuProfile
 
 CONCURRENCY = (1, 16)  # the goal is stated at these
 ROUNDS = 2

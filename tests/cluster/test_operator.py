@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 
 from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.hardware import GpuCatalog, Precision
-from tailor.compressor.memory import KvDtype, recipe_for
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.model.architecture import load_architecture
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision
+from tailor.compressor.sizing.memory import KvDtype, recipe_for
 from tailor.operator import api as model
 from tailor.operator.deployment import manifests, service
 from tailor.operator.pools import Built

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.operator import api as model
 from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_terms, stage_job
 from tailor.operator.names import job_name

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
-from tailor.compressor.serving.engines import Engine
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import RunningServer, triton_server
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuCatalog
 
 from served import CONTEXT, MAX_BATCH, NAME, PLAN
 

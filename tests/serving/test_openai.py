@@ -17,11 +17,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.serving import client
 from tailor.compressor.serving.repository import package
 from tailor.compressor.serving.server import RunningServer, triton_server
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.executor import free_port
 
 NAME = "smollm2"

@@ -24,13 +24,13 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.puzzle.pipeline import resolve_parent
 from tailor.compressor.serving import client
-from tailor.compressor.serving.engines import Engine
 from tailor.compressor.serving.generation import Generator
 from tailor.compressor.serving.repository import VLLM_BACKEND, PackageSettings, package
 from tailor.compressor.serving.server import RunningServer, triton_server
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.operator.deployment import POD_METRICS
 
 from served import adapter_series, decoder_greedy, vllm_greedy

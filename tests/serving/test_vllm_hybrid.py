@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tailor.compressor.architecture import Attention, Mamba, Mlp, load_architecture
-from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.model.architecture import Attention, Mamba, Mlp, load_architecture
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 from tailor.compressor.serving import client
-from tailor.compressor.serving.engines import Engine, choose, vllm_cannot_load
 from tailor.compressor.serving.generation import Generator
 from tailor.compressor.serving.repository import VLLM_BACKEND, PackageSettings, package
 from tailor.compressor.serving.server import RunningServer, triton_server
+from tailor.compressor.sizing.engines import Engine, choose, vllm_cannot_load
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision
 from tailor.compressor.tiny_hybrid import fetch_tiny_hybrid
 
 from plans import tiny_plan

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.hostmemory import compression_need
+from tailor.compressor.sizing.hardware import GpuCatalog
+from tailor.compressor.sizing.hostmemory import compression_need
 from tailor.operator.jobs import JobSettings, gpu_terms, launcher, stage_args, stage_job
 from tailor.operator.placement import scheduling
 

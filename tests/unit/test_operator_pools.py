@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.hardware import GpuCatalog, resolve_precision
-from tailor.compressor.memory import KvDtype, recipe_for
-from tailor.compressor.serving.engines import Engine, cache_bytes
+from tailor.compressor.model.architecture import load_architecture
+from tailor.compressor.sizing.engines import Engine, cache_bytes
+from tailor.compressor.sizing.hardware import GpuCatalog, resolve_precision
+from tailor.compressor.sizing.memory import KvDtype, recipe_for
 from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan
-from tailor.compressor.hardware import GpuCatalog
 from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, SIMULATED, published_results
 from tailor.operator import execute, handlers, names, workloads
 from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
@@ -665,7 +665,7 @@ def test_a_compression_that_cannot_fit_fails_naming_the_stage_and_creates_nothin
 
 
 def test_a_cpu_compression_requests_the_memory_its_ranks_hold() -> None:
-    from tailor.compressor.architecture import load_architecture
+    from tailor.compressor.model.architecture import load_architecture
     from tailor.compressor.puzzle.footprint import footprint
     from tailor.operator.preflight import host_need
 
@@ -1071,7 +1071,7 @@ def test_status_from_a_newer_operator_is_read_and_its_fields_left_alone(kube: Fa
 
 
 def test_a_chart_added_gpu_profile_reaches_the_package_job(kube: FakeKube, tmp_path: Path) -> None:
-    from tailor.compressor.hardware import GpuCatalog
+    from tailor.compressor.sizing.hardware import GpuCatalog
 
     profiles = tmp_path / "gpus.yaml"
     profiles.write_text(yaml.safe_dump({"profiles": [{

@@ -12,9 +12,10 @@ import yaml
 from pydantic import ValidationError
 
 from tailor.compressor.buildplan import BuildPlan
-from tailor.compressor.hardware import GpuCatalog, Precision
+from tailor.compressor.model.architecture import MODELS_DIR
 from tailor.compressor.puzzle.plan import Corpus, Target
 from tailor.compressor.results import TERMINATION_MESSAGE_BYTES, CompressResult, pack_config, unpack_config
+from tailor.compressor.sizing.hardware import GpuCatalog, Precision
 from tailor.operator.api import CompressedModel, CompressedModelSpec
 from tailor.operator.resolve import InvalidPlan, TargetBatch, compression_plan, fingerprint, resolve, target_batch
 
@@ -205,7 +206,7 @@ def test_new_text_is_a_new_build_and_no_text_keeps_the_fingerprint_of_before() -
 
 
 def test_the_75b_child_config_fits_a_termination_message() -> None:
-    config = json.loads((REPO / "compressor" / "models" / "nemotron-3-puzzle-75b-a9b.json").read_text())
+    config = json.loads((MODELS_DIR / "nemotron-3-puzzle-75b-a9b.json").read_text())
     result = CompressResult(child="/artifacts/nemotron-super-h100/g1/compress/child", params=75_350_000_000,
                             active_params=9_310_000_000, parent_params=120_670_000_000,
                             parent_active_params=12_770_000_000, pattern="M" * 88, predicted_speedup=2.0,

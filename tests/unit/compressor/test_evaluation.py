@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tailor.cli.main import main
-from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
 from tailor.compressor.evaluation import evaluate
-from tailor.compressor.puzzle.data import split_texts, text_files
+from tailor.compressor.model.checkpoint import load_decoder, read_config, write_checkpoint
 from tailor.compressor.puzzle.plan import Corpus
+from tailor.compressor.text import split_texts, text_files
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.memory import KvDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
-from tailor.compressor.serving.engines import ENGINE_ARGS_FILE, MAX_BATCH_CAP, Engine
 from tailor.compressor.serving.repository import VLLM_BACKEND, package
 from tailor.compressor.serving.server import backend_folder
 from tailor.compressor.serving.speedup import package_pair, skipped
+from tailor.compressor.sizing.engines import ENGINE_ARGS_FILE, MAX_BATCH_CAP, Engine
+from tailor.compressor.sizing.hardware import GpuCatalog
+from tailor.compressor.sizing.memory import KvDtype
 
 
 @pytest.fixture(scope="module")

@@ -19,20 +19,20 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, NemotronHConfig, NemotronHForCausalLM, PretrainedConfig
 
 from tailor.cli.main import main
-from tailor.compressor.architecture import architecture_from_config
-from tailor.compressor.checkpoint import CheckpointError, load_decoder, settings_from_config, write_checkpoint
-from tailor.compressor.hardware import GpuCatalog
-from tailor.compressor.lazy import LazyDecoder, sweep
-from tailor.compressor.memory import RECIPES, KvDtype, weight_bytes
-from tailor.compressor.modeling import Decoder
-from tailor.compressor.moe import unstack_experts
+from tailor.compressor.model.architecture import architecture_from_config
+from tailor.compressor.model.checkpoint import CheckpointError, load_decoder, settings_from_config, write_checkpoint
+from tailor.compressor.model.fp8 import Fp8Linear, Fp8Round, round_fp8
+from tailor.compressor.model.lazy import LazyDecoder, sweep
+from tailor.compressor.model.modeling import Decoder
+from tailor.compressor.model.moe import unstack_experts
+from tailor.compressor.model.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.puzzle.plan import Corpus
-from tailor.compressor.quantize.fp8 import Fp8Linear, Fp8Round, round_fp8
-from tailor.compressor.quantize.nvfp4 import Nvfp4Linear, pack, unpack
 from tailor.compressor.quantize.pipeline import REPORT_FILE, QuantizeJob, run
 from tailor.compressor.quantize.ptq import calibrate, repair_exclusions, repair_export
 from tailor.compressor.quantize.recipes import QuantFormat, choose_recipe, tensor_group
 from tailor.compressor.quantize.streamed import write_quantized
+from tailor.compressor.sizing.hardware import GpuCatalog
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, weight_bytes
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 

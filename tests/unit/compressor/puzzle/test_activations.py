@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from tailor.compressor.lazy import LazyDecoder
-from tailor.compressor.modeling import residual
+from tailor.compressor.model.lazy import LazyDecoder
+from tailor.compressor.model.modeling import residual
 from tailor.compressor.puzzle import activations
 from tailor.compressor.puzzle.bld import Captured, distill, normalised_mse
 from tailor.compressor.puzzle.plan import Training

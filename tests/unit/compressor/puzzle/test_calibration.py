@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tailor.compressor import measure
-from tailor.compressor.architecture import Architecture, Attention, Block, Mlp, NoOp, Part
-from tailor.compressor.costs import Phase, Workload
-from tailor.compressor.modeling import Decoder, ModelSettings
-from tailor.compressor.puzzle import calibration, pipeline
+from tailor.compressor.model.architecture import Architecture, Attention, Block, Mlp, NoOp, Part
+from tailor.compressor.model.modeling import Decoder, ModelSettings
+from tailor.compressor.puzzle import calibration, measure, pipeline
 from tailor.compressor.puzzle.calibration import (
     CalibrationError,
     PairedSpeedup,
@@ -24,6 +22,7 @@ from tailor.compressor.puzzle.calibration import (
 )
 from tailor.compressor.puzzle.plan import Plan, Target
 from tailor.compressor.puzzle.pricing import Pricer
+from tailor.compressor.sizing.costs import Phase, Workload
 
 from plans import tiny_plan
 

@@ -15,17 +15,9 @@ from transformers import AutoTokenizer
 
 from tailor.compressor import sources
 from tailor.compressor.puzzle import tokens
-from tailor.compressor.puzzle.data import (
-    MAX_RECORD_BYTES,
-    DataError,
-    Document,
-    corpus_texts,
-    load_splits,
-    split_texts,
-    text_files,
-    token_windows,
-)
+from tailor.compressor.puzzle.data import corpus_texts, load_splits
 from tailor.compressor.puzzle.plan import Corpus, Plan
+from tailor.compressor.text import MAX_RECORD_BYTES, DataError, Document, split_texts, text_files, token_windows
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.hardware import GpuCatalog
+from tailor.compressor.model.architecture import load_architecture
 from tailor.compressor.puzzle.footprint import GIB, MFU, child_bounds, footprint, variants_per_slot
 from tailor.compressor.puzzle.plan import FrozenDtype, Plan
+from tailor.compressor.sizing.hardware import GpuCatalog
 
 REPO = Path(__file__).resolve().parents[4]
 SUPER = load_architecture("nemotron-3-super-120b-a12b")
@@ -127,7 +127,7 @@ def test_the_default_library_can_make_the_published_child() -> None:
     """The published child: all 8 attention layers kept, routed experts cut unevenly to a mean of ~60% of 2688,
     top-k 22 -> a mean of ~10 (11 and 8 offered), the SSM state 128 -> 96 everywhere. Each is among the defaults'
     options."""
-    from tailor.compressor.architecture import Mamba, Moe
+    from tailor.compressor.model.architecture import Mamba, Moe
     from tailor.compressor.puzzle.options import part_options
 
     mamba = next(p for b in SUPER.blocks for p in b.parts() if isinstance(p, Mamba))
@@ -164,7 +164,7 @@ def test_bld_holds_one_slot_and_its_most_demanding_trained_variant() -> None:
 
 
 def test_the_model_follows_the_code_it_describes() -> None:
-    from tailor.compressor import mamba
+    from tailor.compressor.model import mamba
     from tailor.compressor.puzzle import bld
     from tailor.compressor.puzzle import footprint as model
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tailor.compressor.checkpoint import load_decoder, read_config, write_checkpoint
-from tailor.compressor.lazy import LazyDecoder
+from tailor.compressor.model.checkpoint import load_decoder, read_config, write_checkpoint
+from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.puzzle import gkd, parallel
 from tailor.compressor.puzzle.plan import Distillation
 from tailor.compressor.puzzle.resume import Checkpoints
@@ -127,7 +127,7 @@ def test_recomputed_layers_and_a_chunked_kl_save_a_fraction_for_backward(
     """Bytes autograd saves for backward in one GKD loss, counted with saved-tensor hooks: with `recompute` and the
     KL in chunks, the layers' inputs and their outputs for the cosine loss, not every layer's activations and
     the whole [rows, seq, vocab] logits."""
-    from tailor.compressor.modeling import Decoder
+    from tailor.compressor.model.modeling import Decoder
 
     model = LazyDecoder(tiny_parent).load().train()
     ids = torch.randint(0, model.arch.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))

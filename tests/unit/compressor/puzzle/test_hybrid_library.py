@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 import torch
 
-from tailor.compressor.architecture import Linear, Mamba, Mlp, Moe, NoOp, Part
-from tailor.compressor.mamba import Mamba2
-from tailor.compressor.modeling import ModelSettings, Slot, build_branch, residual
-from tailor.compressor.moe import MixtureOfExperts, Routing
+from tailor.compressor.model.architecture import Linear, Mamba, Mlp, Moe, NoOp, Part
+from tailor.compressor.model.mamba import Mamba2
+from tailor.compressor.model.modeling import ModelSettings, Slot, build_branch, residual
+from tailor.compressor.model.moe import MixtureOfExperts, Routing
 from tailor.compressor.puzzle.library import Variant, init_variant, prune_mamba, prune_moe, slot_variants
 from tailor.compressor.puzzle.plan import Library
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
 
 HIDDEN = 32
 MAMBA = Mamba(num_heads=8, head_dim=8, state_size=16, n_groups=2, conv_kernel=4)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tailor.compressor.architecture import Mamba, load_architecture
-from tailor.compressor.checkpoint import load_decoder
+from tailor.compressor.model.architecture import Mamba, load_architecture
+from tailor.compressor.model.checkpoint import load_decoder
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 

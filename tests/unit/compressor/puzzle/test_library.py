@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from tailor.compressor.architecture import Attention, Linear, Mlp
-from tailor.compressor.modeling import GatedMlp, ModelSettings, RMSNorm, SelfAttention, Slot, residual
+from tailor.compressor.model.architecture import Attention, Linear, Mlp
+from tailor.compressor.model.modeling import GatedMlp, ModelSettings, RMSNorm, SelfAttention, Slot, residual
 from tailor.compressor.puzzle.bld import normalised_mse
 from tailor.compressor.puzzle.library import Variant, init_variant, slot_variants
 from tailor.compressor.puzzle.plan import Library
-from tailor.compressor.serving.engines import Engine
+from tailor.compressor.sizing.engines import Engine
 
 SETTINGS = ModelSettings()
 ROWS = 1  # calibration sequences read at a time: every statistic is summed over several chunks

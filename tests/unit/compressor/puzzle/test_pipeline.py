@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tailor.compressor.architecture import load_architecture
-from tailor.compressor.checkpoint import CheckpointError, load_decoder
+from tailor.compressor.model.architecture import load_architecture
+from tailor.compressor.model.checkpoint import CheckpointError, load_decoder
 from tailor.compressor.puzzle.pipeline import compress, resolve_parent
 from tailor.compressor.puzzle.plan import Plan
 
