@@ -240,8 +240,8 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
     if progress.state == "Failed":
         raise Refused(progress.reason or Reason.JOB_FAILED, progress.message or f"{progress.name} failed")
     name = names.job_name(p.name, p.build.generation, stage)
-    job = p.owned("Job", name)
     try:
+        job = p.owned("Job", name)
         if job is None:
             fits = preflight.check_fits(spec, plan) if stage == "compress" else None  # before the claim and Job
             capacity = claim_capacity(p, spec) if stage == "compress" else None  # checked before a claim is made
@@ -288,7 +288,9 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
             raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
         result = record(p, spec, plan, stage, message)
     except Refused as refused:
-        progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
+        progress.reason, progress.message = refused.reason, refused.message
+        if refused.reason is not Reason.OWNED_ELSEWHERE:  # another owner's object is theirs to remove: the stage
+            progress.state = "Failed"                     # waits (Pending) and starts on the pass after it goes
         raise
     progress.state, progress.progress, progress.reason = "Succeeded", 1.0, succeeded(result.simulated)
     progress.completed_at, progress.message = p.world.now, simulated_note(result.simulated)
@@ -398,7 +400,9 @@ def regate(p: Pass, plan: BuildPlan, progress: StageProgress) -> None:
         verdict = judge(p, floor, f"re-decided from the measured scores (the floor was "
                                   f"{quality.min_quality_retention}): ")
     except Refused as refused:
-        progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
+        progress.reason, progress.message = refused.reason, refused.message
+        if refused.reason is not Reason.OWNED_ELSEWHERE:  # another owner's object is theirs to remove: the stage
+            progress.state = "Failed"                     # waits (Pending) and starts on the pass after it goes
         raise
     progress.state, progress.reason, progress.message = "Succeeded", succeeded(quality.simulated), verdict
     p.event("QualityGateRedecided", verdict)

@@ -443,12 +443,14 @@ def test_the_bf16_build_records_its_recipe_and_the_nvfp4_build_leaves_it_to_quan
 @dataclass(frozen=True)
 class Failure:
     """How a pass fails: the reason, words of its message, the build stage failed with it (None: refused outside a
-    stage's Job: admission, the plan, another owner's Job, the deployment), and what it deletes (exactly)."""
+    stage's Job: admission, the plan, the deployment), the stage left Pending with the reason (another owner's
+    object in the way: the stage starts once it is gone), and what it deletes (exactly)."""
 
     reason: str
     says: str
     stage: StageName | None = None
     deletes: tuple[tuple[str, str], ...] = ()
+    waits: StageName | None = None
 
 
 STALLED = (plan_map(BODY), revision(1, available=False, stalled=True), service(1))
@@ -482,8 +484,12 @@ FAILURES = [
     pytest.param(world(BODY, None, {**job("compress"), "metadata": {
         "name": "m-g1-compress", "namespace": "ns", "labels": {names.MODEL: "m"},
         "ownerReferences": [{"uid": "someone-else"}]}}), Failure(
-        "OwnedElsewhere", "Job m-g1-compress exists and is not this CompressedModel's"),
-        id="OwnedElsewhere"),  # refused as the Job is looked up, before the stage is followed: no stage fails
+        "OwnedElsewhere", "Job m-g1-compress exists and is not this CompressedModel's", waits="Compress"),
+        id="OwnedElsewhere-Job"),
+    pytest.param(world(BODY, None, claim={**given("m-artifacts"), "metadata": {
+        "name": "m-artifacts", "namespace": "ns", "labels": {names.MODEL: "m", names.MODEL_UID: "an-earlier-m"}}}),
+        Failure("OwnedElsewhere", "PersistentVolumeClaim m-artifacts exists and was not created for this",
+                waits="Compress"), id="OwnedElsewhere-claim"),
     pytest.param(world(BODY, COMPRESSING, owned("ConfigMap", "m-g1-plan", data={}), job("compress")), Failure(
         "InvalidPlan", "ConfigMap m-g1-plan does not hold a build plan"), id="InvalidPlan"),
     pytest.param(world(changed(builtin_super({"gpusPerNode": 8, "nodes": 2}, 100_000), storage={"size": "1Ti"}),
@@ -556,3 +562,7 @@ def test_a_pass_fails_the_generation_with_the_reason(observed: Observed, expecte
         assert not stages, stages
     else:
         assert list(stages) == [expected.stage] and stages[expected.stage].reason == expected.reason
+    waiting = {s.name: s for s in decision.status.stages if s.state == "Pending" and s.reason}
+    assert list(waiting) == ([expected.waits] if expected.waits else []), waiting
+    if expected.waits:
+        assert waiting[expected.waits].reason == expected.reason and expected.says in waiting[expected.waits].message

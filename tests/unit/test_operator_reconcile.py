@@ -36,7 +36,7 @@ from tailor.operator.decision import (
 from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
-from tailor.operator.manifest import job_finished
+from tailor.operator.manifest import job_finished, owned_by
 from tailor.operator.observe import termination_messages
 from tailor.operator.settings import OperatorSettings
 
@@ -924,6 +924,12 @@ def test_objects_of_another_owner_are_never_adopted(kube: FakeKube) -> None:
     assert step(kube).phase == "Failed"
     condition = kube.condition("m", "Failed")
     assert condition["reason"] == "OwnedElsewhere" and "Job m-g1-compress" in condition["message"]
+    (compress,) = [s for s in kube.status("m")["stages"] if s["name"] == "Compress"]
+    assert (compress["state"], compress["reason"]) == ("Pending", "OwnedElsewhere")
+    kube.delete("test", "Job", "ns", "m-g1-compress")  # its owner removes it: the build goes on, with its own Job
+    assert step(kube).phase == "Compressing"
+    job, model = kube.get("test", "Job", "ns", "m-g1-compress"), kube.get("test", "CompressedModel", "ns", "m")
+    assert job is not None and model is not None and owned_by(job, model["metadata"]["uid"])
 
 
 def test_a_claim_left_by_an_earlier_object_of_the_same_name_is_not_adopted(kube: FakeKube) -> None:
@@ -934,6 +940,8 @@ def test_a_claim_left_by_an_earlier_object_of_the_same_name_is_not_adopted(kube:
     assert step(kube).phase == "Failed"
     assert kube.condition("m", "Failed")["reason"] == "OwnedElsewhere"
     assert "PersistentVolumeClaim m-artifacts" in kube.condition("m", "Failed")["message"]
+    kube.delete("test", "PersistentVolumeClaim", "ns", "m-artifacts")  # the old build's claim goes: a new one
+    assert step(kube).phase != "Failed" and "m-artifacts" in kube.names("PersistentVolumeClaim")
 
 
 def test_deleting_an_object_keeps_a_claim_it_did_not_create(kube: FakeKube) -> None:
