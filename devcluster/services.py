@@ -4,7 +4,8 @@ Each port of a Service with a selector gets a listener on 127.0.0.1, announced o
 `devcluster.tailor.dev/ports: {"http": 31240, ...}` (by port name, or number where it has none) and kept across
 executor restarts while that port is free. Each connection goes to the next of the Service's ready pods, in turn,
 at the loopback port the executor gave the pod's target port. A pod that is not ready, or is being deleted, gets no
-new connections; the ones it has stay until they close or it stops. With no ready pod a new connection is closed at
+new connections; the ones it has stay until they close or it stops. The log says how many a pod had open as it left
+a Service and when the last of them ended: how a drain is checked. With no ready pod a new connection is closed at
 once, as kube-proxy rejects it. Pods on the simulated (kwok) nodes run nowhere and are never a backend.
 """
 
@@ -15,6 +16,7 @@ import itertools
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,21 +52,42 @@ class Listener:
             self.socket.bind((LOOPBACK, 0))
         self.socket.listen(256)
         self.port: int = self.socket.getsockname()[1]
-        self.backends: list[int] = []
+        self.backends: dict[int, str] = {}  # loopback port -> the pod behind it, in turn
+        self.open: Counter[int] = Counter()  # connections relayed to each backend port, not yet ended
+        self.leaving: dict[int, str] = {}  # ports of pods out of the Service with connections still open
         self.closed = False
         self._turn = itertools.count()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, name=f"service {what}", daemon=True).start()
 
-    def set_backends(self, ports: list[int]) -> None:
+    def set_backends(self, backends: dict[int, str]) -> None:
+        """The Service's ready pods now, by loopback port."""
         with self._lock:
-            if ports != self.backends:
-                log(f"service {self.what}: {len(ports)} ready endpoint(s)")
-            self.backends = ports
+            if backends != self.backends:
+                log(f"service {self.what}: {len(backends)} ready endpoint(s)")
+            for port, pod in self.backends.items():
+                if port not in backends:
+                    log(f"service {self.what}: pod {pod} left with {self.open[port]} connection(s) open")
+                    if self.open[port]:
+                        self.leaving[port] = pod
+            self.backends = dict(backends)
 
     def _next(self) -> int | None:
         with self._lock:
-            return self.backends[next(self._turn) % len(self.backends)] if self.backends else None
+            if not self.backends:
+                return None
+            port = list(self.backends)[next(self._turn) % len(self.backends)]
+            self.open[port] += 1
+            return port
+
+    def _relay(self, client: socket.socket, port: int) -> None:
+        try:
+            _relay(client, port)
+        finally:
+            with self._lock:
+                self.open[port] -= 1
+                if not self.open[port] and port in self.leaving:
+                    log(f"service {self.what}: the last connection to pod {self.leaving.pop(port)} ended")
 
     def _accept(self) -> None:
         while not self.closed:
@@ -80,9 +103,11 @@ class Listener:
                 connection.close()
                 continue
             try:
-                threading.Thread(target=_relay, args=(connection, backend), daemon=True).start()
+                threading.Thread(target=self._relay, args=(connection, backend), daemon=True).start()
             except RuntimeError as error:  # no thread to spare: this connection is refused, not the port
                 log(f"service {self.what}: {error}")
+                with self._lock:
+                    self.open[backend] -= 1
                 connection.close()
 
     def close(self) -> None:
@@ -149,7 +174,7 @@ class ServiceProxy:
                     before = announced.get((meta.namespace, meta.name), {}).get(port_name, 0)
                     listener = self.listeners[key] = Listener(f"{meta.namespace}/{meta.name}:{port_name}", before)
                 target = str(port.target_port if port.target_port is not None else port.port)
-                listener.set_backends([e.ports[target] for e in backends if target in e.ports])
+                listener.set_backends({e.ports[target]: e.name for e in backends if target in e.ports})
                 wanted.setdefault((meta.namespace, meta.name), {})[port_name] = listener.port
                 kept.add(key)
         for key in set(self.listeners) - kept:

@@ -121,3 +121,6 @@ def test_a_request_in_flight_when_its_pod_is_deleted_finishes(api: client.ApiCli
         namespace, field_selector="metadata.name=web-a").items, 30)
     with pytest.raises(OSError):  # no ready replica: the Service refuses the connection
         _answer(port)
+    said = devcluster.log_file("executor").read_text(errors="replace")  # the Service's account of the drain
+    assert f"service {namespace}/web:http: pod web-a left with 1 connection(s) open" in said
+    assert f"service {namespace}/web:http: the last connection to pod web-a ended" in said
