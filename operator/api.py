@@ -28,7 +28,11 @@ PLURAL = "compressedmodels"
 SINGULAR = "compressedmodel"
 SHORT_NAMES = ("cmodel",)
 
-QUANTITY_PATTERN = r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+# Kubernetes quantity suffixes -> their factor (`manifest.quantity_bytes` reads them; the patterns below allow them)
+QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                  "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": 10**-3}
+_WHOLE_UNITS = "|".join(unit for unit in QUANTITY_UNITS if unit != "m")  # a size has no milli-bytes
+QUANTITY_PATTERN = rf"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)({_WHOLE_UNITS})?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_CONTEXT_LENGTH = 16 * 1024 * 1024
 MAX_BATCH = 4096  # tailor.compressor.puzzle.plan.Target.batch
@@ -345,7 +349,7 @@ class Concurrency(ApiModel):
 LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                      r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-RESOURCE_QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+RESOURCE_QUANTITY_PATTERN = rf"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|{_WHOLE_UNITS})?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Labels Tailor's selectors, Services and NetworkPolicy rely on: a tenant's pod labels may not set them
 RESERVED_LABEL_PREFIXES = ("tailor.dev/", "app.kubernetes.io/")

@@ -188,6 +188,38 @@ def startup_seconds(plan: PoolPlan, pool: NodePoolTarget) -> int:
                      + WARMUP_S[plan.engine])
 
 
+def lifecycle() -> dict[str, Any]:
+    """Out of the Service's endpoints before SIGTERM. An exec hook, not the sleep action: that needs Kubernetes
+    1.30, the chart supports 1.29."""
+    return {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}}
+
+
+def probe(path: str, port: str = "http", failures: int = 3) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD_S,
+            "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
+
+
+def offline_env() -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()]
+
+
+def triton_container(repository: str, image: str, resources: dict[str, Any], mounts: list[dict[str, Any]],
+                     *args: str) -> dict[str, Any]:
+    """Triton serving `repository` on `PORTS` (and `args`), ready once its models are: a pool's replica and the
+    speed Job's sidecar each add to it."""
+    return {
+        "name": "triton", "image": image, "command": ["tritonserver"],
+        "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items()),
+                 *args],
+        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+        "env": offline_env(),
+        "resources": resources,
+        "volumeMounts": mounts,
+        "readinessProbe": probe("/v2/health/ready"),
+        "securityContext": RESTRICTED,
+    }
+
+
 def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """The OpenAI-compatible API beside Triton (`tailor openai`, from `image`, tailor's runtime image): it reads
     the model names and tokenizers from the repository and sends each request to Triton on the pod's loopback.
@@ -197,12 +229,11 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
         "args": [f"--model-repository={repository}", f"--triton-port={PORTS['http']}",
                  f"--openai-port={OPENAI_PORT}"],
         "ports": [{"name": "openai", "containerPort": OPENAI_PORT}],
-        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
+        "env": offline_env(),
         "resources": {"requests": dict(OPENAI_REQUESTS), "limits": {"memory": OPENAI_REQUESTS["memory"]}},
         "volumeMounts": mounts,
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "openai"}, "periodSeconds": PROBE_PERIOD_S,
-                           "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": 3},
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
+        "readinessProbe": probe("/health", "openai"),
+        "lifecycle": lifecycle(),
         "securityContext": RESTRICTED,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -219,17 +250,9 @@ def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) 
     """Triton on the parent and child packaged side by side, beside `tailor speed` in the speed Job's pod (which
     mounts the artifacts claim as the volume `artifacts`): the pool's image and resources, `gpus` GPUs, loopback
     clients only."""
-    return {
-        "name": "triton", "image": image, "command": ["tritonserver"],
-        "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items())],
-        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
-        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": gpu_resources(gpus, pool, None),  # the parent's replica and the child's: an allowance
-        "volumeMounts": [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}],
-        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
-                           "timeoutSeconds": PROBE_TIMEOUT_S},
-        "securityContext": RESTRICTED,
-    }
+    # the parent's replica and the child's: an allowance
+    return triton_container(repository, image, gpu_resources(gpus, pool, None),
+                            [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}])
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
@@ -250,10 +273,6 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
     target = pool_target(deployment, plan.name)
     meta = owned_metadata(model, names.revision_name(model["metadata"]["name"], plan.name, generation), selector)
 
-    def probe(path: str, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
-                "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
-
     gpus = plan.tensor_parallel
     startup = math.ceil(startup_seconds(plan, target) / PROBE_PERIOD_S)
     shm_mounts, shm_volumes = shared_memory(gpus)  # tensor-parallel workers exchange through shared memory
@@ -261,22 +280,12 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
     volumes: list[dict[str, Any]] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, *shm_volumes]
     container = {
-        "name": "triton", "image": image,
-        "command": ["tritonserver"],
         # on SIGTERM Triton refuses new requests and finishes those it holds, for up to the drain time
-        "args": [f"--model-repository={repository_in_pod(package)}",
-                 *(f"--{name}-port={port}" for name, port in PORTS.items()),
-                 f"--exit-timeout-secs={deployment.drain_seconds}"],
-        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
-        "env": [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()],
-        "resources": gpu_resources(gpus, target, plan.host),
-        "volumeMounts": mounts,
-        "startupProbe": probe("/v2/health/ready", startup),
-        "livenessProbe": probe("/v2/health/live", 3),
-        "readinessProbe": probe("/v2/health/ready", 3),
-        # an exec hook, not the sleep action: that needs Kubernetes 1.30, the chart supports 1.29
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_PROPAGATION_S)]}}},
-        "securityContext": RESTRICTED,
+        **triton_container(repository_in_pod(package), image, gpu_resources(gpus, target, plan.host), mounts,
+                           f"--exit-timeout-secs={deployment.drain_seconds}"),
+        "startupProbe": probe("/v2/health/ready", failures=startup),
+        "livenessProbe": probe("/v2/health/live"),
+        "lifecycle": lifecycle(),
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash's last log lines, for the operator to keep
     }
     placed = pool_scheduling(target, plan.node_selector)

@@ -25,7 +25,8 @@ def crd_served(api: client.ApiClient) -> str | None:
 
 
 def operator_available(api: client.ApiClient, namespace: str, name: str) -> str | None:
-    """None when the operator's Deployment is available at its current generation, else why not."""
+    """None when the operator's Deployment is available at its current generation, else why not. Looser than
+    `manifest.deployment_available`, on purpose: one replica serving is an operator up, whatever its spec asks."""
     deployment: Any = client.AppsV1Api(api).read_namespaced_deployment(name, namespace)
     status = deployment.status
     if (status.observed_generation or 0) < deployment.metadata.generation:

@@ -23,9 +23,16 @@ from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, 
 from tailor.compressor.sizing.hardware import GpuProfile
 from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
-from tailor.operator.api import GPU_RESOURCE, PodPlacement
+from tailor.operator.api import PodPlacement
 from tailor.operator.deployment import NO_EGRESS, PORTS
-from tailor.operator.manifest import POD_SECURITY, RESTRICTED, memory_bounds, owned_metadata, shared_memory
+from tailor.operator.manifest import (
+    POD_SECURITY,
+    RESTRICTED,
+    container_gpus,
+    memory_bounds,
+    owned_metadata,
+    shared_memory,
+)
 from tailor.operator.placement import KUEUE_QUEUE_LABEL, pod_metadata, resources
 
 RENDEZVOUS_PORT = 29500
@@ -127,7 +134,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     if sidecar is not None:
         sidecar = {**sidecar, "restartPolicy": "Always"}
         # its tensor-parallel workers exchange through shared memory
-        shm_mounts, shm_volumes = shared_memory(int(sidecar["resources"]["limits"].get(GPU_RESOURCE, "0")))
+        shm_mounts, shm_volumes = shared_memory(container_gpus(sidecar))
         sidecar["volumeMounts"] = [*sidecar["volumeMounts"], *shm_mounts]
         volumes += shm_volumes
         pod_spec["initContainers"] = [sidecar]

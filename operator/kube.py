@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import metrics, names
 from tailor.operator.api import API_VERSION, GROUP, PLURAL
+from tailor.operator.manifest import object_reference
 from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
 from tailor.operator.watchcache import CACHED, Store
 
@@ -248,8 +249,7 @@ class Kube:
         meta = model["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-                "involvedObject": {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": "CompressedModel",
-                                   "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+                "involvedObject": {**object_reference(model), "namespace": meta["namespace"],
                                    "resourceVersion": meta.get("resourceVersion")},
                 "type": kind, "reason": reason, "message": message[:1024], "count": 1,
                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "tailor-operator"},

@@ -9,13 +9,11 @@ from typing import Any
 
 from tailor.compressor.sizing.hostmemory import HostNeed, stage_need
 from tailor.operator import names
-from tailor.operator.api import API_VERSION, GROUP, KIND
+from tailor.operator.api import API_VERSION, GPU_RESOURCE, GROUP, KIND, QUANTITY_UNITS
 
 # --- quantities ----------------------------------------------------------------------------------
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": 10**-3}
-_SUFFIXES = sorted(_UNITS, key=len, reverse=True)  # Mi before M and m
+_SUFFIXES = sorted(QUANTITY_UNITS, key=len, reverse=True)  # Mi before M and m
 
 
 def _unit(quantity: str) -> str:
@@ -26,7 +24,7 @@ def _unit(quantity: str) -> str:
 def quantity_value(quantity: str) -> float:
     """A Kubernetes quantity (2Gi, 500m, 1.5T) as a number."""
     unit = _unit(quantity)
-    return float(quantity[:-len(unit)]) * _UNITS[unit] if unit else float(quantity)
+    return float(quantity[:-len(unit)]) * QUANTITY_UNITS[unit] if unit else float(quantity)
 
 
 def decimal_quantity(value: float) -> str:
@@ -46,10 +44,15 @@ def scaled(per_gpu: dict[str, str], gpus: int) -> dict[str, str]:
 # --- metadata ------------------------------------------------------------------------------------
 
 
+def object_reference(model: dict[str, Any]) -> dict[str, Any]:
+    """The CompressedModel as another object names it (an Event's involvedObject)."""
+    meta = model["metadata"]
+    return {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": KIND, "name": meta["name"], "uid": meta["uid"]}
+
+
 def owner_reference(model: dict[str, Any]) -> dict[str, Any]:
     """The CompressedModel as its objects' controller: they go when it goes."""
-    return {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": KIND, "name": model["metadata"]["name"],
-            "uid": model["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {**object_reference(model), "controller": True, "blockOwnerDeletion": True}
 
 
 def owned_metadata(model: dict[str, Any], name: str, labels: dict[str, str], by_label: bool = False
@@ -86,6 +89,18 @@ REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps a GPU 
 SHM_PER_GPU_GIB = 8
 
 
+def gpu_count(quantities: dict[str, Any] | None) -> int:
+    """The whole GPUs a resource list (allocatable, requests, limits) names; 0 when it names none."""
+    value = str((quantities or {}).get(GPU_RESOURCE, "0"))
+    return int(value) if value.isdigit() else 0
+
+
+def container_gpus(container: dict[str, Any]) -> int:
+    """A container's GPUs: its limit (extended resources must have one), else its request."""
+    resources = container.get("resources") or {}
+    return gpu_count(resources.get("limits")) or gpu_count(resources.get("requests"))
+
+
 def shm_bytes(gpus: int) -> int:
     """The memory-backed /dev/shm a pod of `gpus` GPUs gets (none for one: no workers exchange through it)."""
     return SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
@@ -97,7 +112,7 @@ def shared_memory(gpus: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     if gpus <= 1:
         return [], []
     return ([{"name": "shm", "mountPath": "/dev/shm"}],
-            [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU_GIB * gpus}Gi"}}])
+            [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_bytes(gpus) // 2**30}Gi"}}])
 
 
 def memory_bounds(host: HostNeed | None, gpus: int) -> tuple[dict[str, str], dict[str, str]]:

@@ -65,9 +65,19 @@ def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:
                for s in status.get("stages") or [])
 
 
+def job_of(pod: dict[str, Any]) -> str | None:
+    """The Job a pod runs for (the Job controller's label), or None."""
+    return (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name")
+
+
+def is_rank0(pod: dict[str, Any]) -> bool:
+    """Whether a pod is rank 0 of its Job: index 0 of an Indexed Job, or the pod of a Job with one."""
+    index = (pod["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", "0")
+    return bool(index == "0")
+
+
 def pod_jobs(pods: list[dict[str, Any]]) -> frozenset[str]:
-    return frozenset(job for pod in pods if (job := (pod["metadata"].get("labels") or {}).get(
-        "batch.kubernetes.io/job-name")) is not None)
+    return frozenset(job for pod in pods if (job := job_of(pod)) is not None)
 
 
 def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
@@ -75,9 +85,8 @@ def termination_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
     so first, with its limit (its own message is then only its log's tail)."""
     found: dict[str, tuple[str, str]] = {}
     for pod in pods:
-        meta = pod["metadata"]
-        job = (meta.get("labels") or {}).get("batch.kubernetes.io/job-name")
-        if job is None or (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", "0") != "0":
+        meta, job = pod["metadata"], job_of(pod)
+        if job is None or not is_rank0(pod):
             continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated") or {}
@@ -107,7 +116,7 @@ def unschedulable(pods: list[dict[str, Any]]) -> dict[str, str]:
     """Per Job, the scheduler's reason for one of its pods it cannot place."""
     found: dict[str, str] = {}
     for pod in pods:
-        job = (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name")
+        job = job_of(pod)
         if job is not None and (why := not_scheduled(pod)) is not None:
             found[job] = f"pod {pod['metadata']['name']} cannot be scheduled: {why}"
     return found
@@ -169,12 +178,10 @@ def running_rank0(pods: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """Per Job of a build stage, its running rank-0 pod and the stage's container (named as the stage)."""
     found = {}
     for pod in pods:
-        meta = pod["metadata"]
-        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        job, stage = labels.get("batch.kubernetes.io/job-name"), labels.get(names.STAGE)
+        job, stage = job_of(pod), (pod["metadata"].get("labels") or {}).get(names.STAGE)
         if (job is not None and stage in BUILD_STAGES and (pod.get("status") or {}).get("phase") == "Running"
-                and annotations.get("batch.kubernetes.io/job-completion-index", "0") == "0"):
-            found[job] = (meta["name"], stage)
+                and is_rank0(pod)):
+            found[job] = (pod["metadata"]["name"], stage)
     return found
 
 

@@ -38,6 +38,7 @@ from tailor.compressor.sizing.hostmemory import HostNeed, serving_need
 from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
+from tailor.operator.manifest import container_gpus, gpu_count
 from tailor.operator.memo import IdentityMemo
 from tailor.operator.placement import admits_node
 
@@ -121,12 +122,6 @@ def matching_nodes(nodes: list[dict[str, Any]], selector: dict[str, str]) -> lis
     return [node for node in nodes if names.selects(selector, node["metadata"].get("labels"))]
 
 
-def gpu_count(quantities: dict[str, Any] | None) -> int:
-    """The whole GPUs a resource list (allocatable, requests, limits) names; 0 when it names none."""
-    value = str((quantities or {}).get(GPU_RESOURCE, "0"))
-    return int(value) if value.isdigit() else 0
-
-
 def allocatable_gpus(node: dict[str, Any]) -> int:
     return gpu_count((node.get("status") or {}).get("allocatable"))
 
@@ -149,12 +144,6 @@ class HeldGpus(BaseModel):
     labels: dict[str, str] = {}
 
 
-def _gpus(container: dict[str, Any]) -> int:
-    """A container's GPUs: its limit (extended resources must have one), else its request."""
-    resources = container.get("resources") or {}
-    return gpu_count(resources.get("limits")) or gpu_count(resources.get("requests"))
-
-
 def held_gpus(pod: dict[str, Any]) -> HeldGpus | None:
     """What a pod holds, as the scheduler counts it: its containers with all its sidecars, or an init step with
     the sidecars started before it, whichever is more; None for a pod that is not bound, has finished or holds
@@ -165,10 +154,10 @@ def held_gpus(pod: dict[str, Any]) -> HeldGpus | None:
     sidecars, steps = 0, [0]
     for container in spec.get("initContainers") or []:
         if container.get("restartPolicy") == "Always":
-            sidecars += _gpus(container)
+            sidecars += container_gpus(container)
         else:
-            steps.append(sidecars + _gpus(container))
-    gpus = max(sum(_gpus(c) for c in spec.get("containers") or []) + sidecars, *steps)
+            steps.append(sidecars + container_gpus(container))
+    gpus = max(sum(container_gpus(c) for c in spec.get("containers") or []) + sidecars, *steps)
     if gpus == 0:
         return None
     return HeldGpus(node=spec["nodeName"], namespace=meta.get("namespace", ""), gpus=gpus,

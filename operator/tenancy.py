@@ -16,6 +16,7 @@ from typing import Any
 
 from tailor.operator import names
 from tailor.operator.conditions import Reason, Refused
+from tailor.operator.manifest import owned_by
 from tailor.operator.settings import ALLOWED_LABEL, SHARED_ANNOTATION
 
 
@@ -35,10 +36,9 @@ def check_claim(claim: dict[str, Any] | None, name: str, field: str, model: dict
     if labels.get(ALLOWED_LABEL) != "true":
         raise Refused(Reason.CLAIM_NOT_ALLOWED, f"{field}: PersistentVolumeClaim {name} is not labelled "
                                                 f"{ALLOWED_LABEL}=true (what Tailor may mount is labelled so)")
-    owner = labels.get(names.MODEL_UID)
-    if owner == meta["uid"] or shared_with(claim, meta["name"]):
+    if owned_by(claim, meta["uid"]) or shared_with(claim, meta["name"]):
         return
-    whose = "holds another CompressedModel's artifacts and " if owner is not None else ""
+    whose = "holds another CompressedModel's artifacts and " if labels.get(names.MODEL_UID) is not None else ""
     raise Refused(Reason.CLAIM_NOT_ALLOWED, f"{field}: PersistentVolumeClaim {name} {whose}is not shared with "
                                             f"CompressedModel {meta['name']}: annotate it "
                                             f"{SHARED_ANNOTATION}={meta['name']} (or '*' for every model)")
