@@ -31,6 +31,7 @@ from transformers import PretrainedConfig
 from tailor.compressor.files import write_json
 from tailor.compressor.model.architecture import architecture_from_config
 from tailor.compressor.model.checkpoint import (
+    QUANT_CONFIG,
     SCALE_SUFFIXES,
     read_config,
     read_quant_config,
@@ -179,7 +180,7 @@ def repair_export(folder: Path) -> list[str]:
                         settings_from_config(model_config, str(folder / "config.json")))
     repairs = repair_exclusions(quant_config, stored, quantizable_layers(model))
     if repairs:
-        write_json(folder / "hf_quant_config.json", quant_config)
+        write_json(folder / QUANT_CONFIG, quant_config)
     in_line = convert_hf_quant_config_format(quant_config)
     if model_config.get("quantization_config") != in_line:  # also after a run stopped between the two writes
         write_json(folder / "config.json", {**model_config, "quantization_config": in_line})
@@ -191,6 +192,6 @@ def write_quant_config(folder: Path, quant_config: dict[str, Any], model_config:
                        tokenizer_from: Path) -> None:
     """The files of a modelopt HF export beside its weights: hf_quant_config.json, config.json carrying the
     `quantization_config` that serving engines read (quant_method "modelopt"), and the tokenizer."""
-    write_json(folder / "hf_quant_config.json", quant_config)
+    write_json(folder / QUANT_CONFIG, quant_config)
     write_metadata(folder, {**model_config, "quantization_config": convert_hf_quant_config_format(quant_config)},
                    tokenizer_from)
