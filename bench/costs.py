@@ -35,6 +35,7 @@ from tailor.compressor.model.architecture import (
     architecture_from_config,
     load_architecture,
 )
+from tailor.compressor.model.device import compute_for, torch_dtype
 from tailor.compressor.puzzle import measure
 from tailor.compressor.sizing.costs import CostModel, Phase, Workload
 from tailor.compressor.sizing.hardware import GpuCatalog, Precision
@@ -91,10 +92,11 @@ def main() -> int:
     catalog = GpuCatalog.load()
     builtin = catalog.get("cpu") if dev.type == "cpu" else catalog.get("H200" if "H200" in name else "H100")
     print(f"device: {name}; calibrating ...", flush=True)
-    peaks = measure.calibrate(dev)
+    compute = compute_for(dev)  # the dtype the measured costs are timed in: BF16 only where it has math here
+    peaks = measure.calibrate(dev, torch_dtype(compute))
     calibrated = builtin.model_copy(update={"bandwidth_gbps": peaks["bandwidth_gbps"],
-                                            "tflops": {Precision.BF16: peaks["tflops_bf16"]}})
-    print(f"calibrated: {peaks['tflops_bf16']:.3f} TFLOPS BF16, {peaks['bandwidth_gbps']:.1f} GB/s "
+                                            "tflops": {Precision.BF16: peaks["tflops"]}})
+    print(f"calibrated: {peaks['tflops']:.3f} TFLOPS in {compute.describe()}, {peaks['bandwidth_gbps']:.1f} GB/s "
           f"(profile {builtin.name}: {builtin.tflops[Precision.BF16]} TFLOPS, {builtin.bandwidth_gbps} GB/s)\n")
     models = {"profile": CostModel(builtin, RECIPES["bf16"]), "calibrated": CostModel(calibrated, RECIPES["bf16"])}
     rows = []

@@ -48,6 +48,7 @@ from baselines import block_influence, drop_slots, minitron, minitron_importance
 from transformers import AutoTokenizer
 
 from tailor.compressor.model.checkpoint import load_decoder, save_decoder
+from tailor.compressor.model.device import compute_for, torch_dtype
 from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.puzzle import gkd, parallel
@@ -77,7 +78,8 @@ def speed(parent: Decoder, model: Decoder, plan: Plan) -> dict[str, float]:
     """`model`'s decode speed-up over `parent` at the plan's batch and context: median and range of paired
     steps."""
     work = Workload(phase=Phase.DECODE, batch=plan.target.batch, context=plan.target.context)
-    paired = measured_speedup(parent, model, work, SPEED_ROUNDS)
+    dtype = torch_dtype(compute_for(torch.device("cpu"), plan.compute_dtype))  # as compress times its child
+    paired = measured_speedup(parent, model, work, dtype, SPEED_ROUNDS)
     return {"median": paired.median, "min": paired.low, "max": paired.high}
 
 

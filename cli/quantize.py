@@ -111,7 +111,7 @@ def add_parser(nouns: Any) -> None:
     parser.add_argument("--out", type=Path, help="the quantized checkpoint folder to write")
     parser.add_argument("--format", type=QuantFormat, choices=list(QuantFormat), default=QuantFormat.AUTO,
                         help="auto picks nvfp4 where the --gpu computes in it (Blackwell), else fp8")
-    parser.add_argument("--kv-cache", type=KvDtype, choices=list(KvDtype), default=KvDtype.BF16,
+    parser.add_argument("--kv-cache", type=KvDtype, choices=[KvDtype.BF16, KvDtype.FP8], default=KvDtype.BF16,
                         help="fp8: also calibrate and export FP8 KV-cache scales")
     parser.add_argument("--gpu", help="target GPU profile (e.g. H100, B200); needed by --format auto")
     parser.add_argument("--profiles", type=Path, help="YAML file overriding or adding GPU profiles")

@@ -31,7 +31,9 @@ def _openai(args: argparse.Namespace) -> int:
 
 def _package(args: argparse.Namespace) -> int:
     from tailor.cli.plans import needs
-    from tailor.compressor.buildplan import PACKAGE_DTYPE, BuildPlan
+    from tailor.compressor.buildplan import BuildPlan
+    from tailor.compressor.compute import ComputeDtype
+    from tailor.compressor.model.device import compute_for_profile
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.serving.repository import package
     from tailor.compressor.sizing.engines import Engine
@@ -46,23 +48,25 @@ def _package(args: argparse.Namespace) -> int:
         settings = package(Path(plan.checkpoint), Path(plan.layout.root, folder), plan.model,
                            plan.catalog().get(pool.gpu_profile), pool.context, engine=pool.engine,
                            max_batch_size=pool.max_batch_size, instances=args.instances, decoupled=args.stream,
-                           threads=args.threads, dtype=PACKAGE_DTYPE, tensor_parallel=pool.tensor_parallel,
+                           threads=args.threads, tensor_parallel=pool.tensor_parallel,
                            sizing=pool.sizing, vllm_args=pool.engine_args)
         if pool.measure_speedup:
             _package_pair(plan)
     else:
         needs(args, "model", "out", "name")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu)
+        compute = compute_for_profile(gpu.family, ComputeDtype(args.dtype))
+        print(f"compute dtype {compute.describe()}", file=sys.stderr)
         settings = package(resolve_parent(args.model), args.out, args.name, gpu, args.context,
                            engine=Engine(args.engine), max_batch_size=args.max_batch_size,
-                           instances=args.instances, decoupled=args.stream, threads=args.threads, dtype=args.dtype,
+                           instances=args.instances, decoupled=args.stream, threads=args.threads, dtype=compute.dtype,
                            tensor_parallel=args.tensor_parallel, mount=args.mount)
     print(settings.model_dump_json(indent=2))
     return 0
 
 
 def _package_pair(plan: Any) -> None:
-    """The BF16 child and the parent side by side for `tailor speed`, in the pool's speed folder."""
+    """The unquantized child and the parent side by side for `tailor speed`, in the pool's speed folder."""
     from tailor.compressor.buildplan import repository_in_pod
     from tailor.compressor.puzzle.pipeline import resolve_parent
     from tailor.compressor.serving.speedup import package_pair
@@ -71,7 +75,7 @@ def _package_pair(plan: Any) -> None:
     folder = plan.layout.speed(pool.generation, pool.name)
     reason = package_pair(Path(plan.layout.child), resolve_parent(plan.parent), Path(plan.layout.root, folder),
                           plan.catalog().get(pool.gpu_profile), pool.context, pool.tensor_parallel,
-                          repository_in_pod(folder))
+                          repository_in_pod(folder), pool.sizing.dtype)
     print(reason or f"packaged the child and the parent for the served speed-up in {folder}", file=sys.stderr)
 
 
@@ -208,7 +212,9 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
     pack.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per replica the sizing assumes")
     pack.add_argument("--threads", type=int, default=2, help="tailor-python: torch threads per instance")
-    pack.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="compute dtype")
+    pack.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                      help="compute dtype; auto: bfloat16 where the serving device has BF16 math (this CPU for "
+                           "--gpu cpu), else float32")
     pack.add_argument("--stream", action="store_true",
                       help="tailor-python: decoupled, one response per token (vllm models always are)")
     pack.set_defaults(run=_package)

@@ -42,7 +42,6 @@ SOURCE_MOUNT = "/source"  # a pvc:// parent's claim, read-only, in stage pods
 DATA_MOUNT = "/data"  # the claim of spec.compression.data, read-only, in the build stages' pods
 PLAN_MOUNT = "/plan"  # the plan ConfigMap, in stage pods
 REPOSITORY = "repository"  # the model repository inside a `tailor package` folder
-PACKAGE_DTYPE = "bfloat16"  # what the package Jobs serve unquantized weights in
 Stage = Literal["compress", "quantize", "evaluate", "package", "speed"]
 BUILD_STAGES: tuple[Stage, ...] = ("compress", "quantize", "evaluate")
 # The stages whose code splits its work across torchrun's ranks (one per GPU, on any number of nodes); every other

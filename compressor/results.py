@@ -64,6 +64,8 @@ class CompressResult(StageResult):
     measured_speedup: Positive | None = Field(None, description="Decode tokens/s of the child over the parent, "
                                                                 "measured in the Job; None where not measured.")
     kl_to_parent: Positive
+    compute: str | None = Field(None, max_length=512, description="The dtype the Job computed in, and why "
+                                                                   "(`compute.Compute.describe`).")
     config: str = Field(max_length=TERMINATION_MESSAGE_BYTES,
                         description="The child's config.json, gzip-compressed and base64-encoded.")
 

@@ -364,6 +364,7 @@ def summary(bodies: dict[str, dict[str, Any]], artifacts: dict[str, Any], answer
                   "perplexity": child["quality"]["perplexity"], "kl_to_parent": report["kl_to_parent"]},
         "speedup": {"measured": report["measured_speedup"], "predicted": report["predicted_speedup"],
                     "measured_on": report["measured_on"]},
+        "compute": report["compute"],
         "served_speedup": served,
         "quantized": {"recipe": quantized["recipe"], "bytes": quantized["bytes_after"],
                       "perplexity_before": quantized["unquantized"]["quality"]["perplexity"],
@@ -405,6 +406,7 @@ def render(report: dict[str, Any]) -> str:
         f"  decode speed    {parent['decode_tokens_per_second']:.1f} -> {child['decode_tokens_per_second']:.1f} "
         f"tokens/s: {speed['measured']:.2f}x measured ({speed['predicted']:.2f}x predicted), {speed['measured_on']}",
         "  served speed-up " + served_line(served),
+        f"  compute dtype   {report['compute']['dtype']} (every compression stage): {report['compute']['reason']}",
         f"  perplexity      Puzzle: {parent['perplexity']:.1f} -> {child['perplexity']:.1f} (KL to the parent "
         f"{child['kl_to_parent']:.3f}); {quant['recipe']}: {quant['perplexity_before']:.1f} -> "
         f"{quant['perplexity_after']:.1f} (KL {quant['kl_to_unquantized']:.3f}), each on its own held-out text",

@@ -1,12 +1,17 @@
-"""Simulated GPU node pools: a typed YAML file turned into Node objects that kwok keeps alive."""
+"""Simulated GPU node pools: a typed YAML file turned into Node objects that kwok keeps alive. The executor's
+nodes (this machine) carry the CPUID labels Node Feature Discovery would give this CPU, which decide what a CPU
+pool's engine computes in (`compute.processor_from_labels`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tailor.compressor.compute import nfd_labels
 
 DEFAULT_POOLS_FILE = Path(__file__).parent / "nodepools.yaml"
 POOL_LABEL = "tailor.dev/node-pool"
@@ -15,6 +20,21 @@ EXECUTOR_LABEL = "tailor.dev/executor"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 MAX_PODS = "110"
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def host_cpu_flags(cpuinfo: Path = CPUINFO) -> set[str]:
+    """This machine's CPU flags (/proc/cpuinfo), less the AVX-512 ones when `ATEN_CPU_CAPABILITY` makes torch
+    act as a CPU without them (as `model.device.detect` reads it)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    flags = set(line.partition(":")[2].split())
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("default", "avx2"):
+        flags = {flag for flag in flags if not flag.startswith(("avx512", "amx"))}
+    return flags
 
 
 class Gpu(BaseModel):
@@ -72,7 +92,7 @@ def node_manifests(pools: NodePools) -> list[dict[str, Any]]:
                 "kubernetes.io/arch": "amd64",
                 POOL_LABEL: pool.name,
             }
-            labels |= {EXECUTOR_LABEL: "true"} if pool.executor else {"type": "kwok"}
+            labels |= {EXECUTOR_LABEL: "true", **nfd_labels(host_cpu_flags())} if pool.executor else {"type": "kwok"}
             capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": MAX_PODS}
             taints = []
             labels |= pool.labels

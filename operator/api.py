@@ -817,6 +817,9 @@ class BuildStatus(StatusModel):
     weight_bytes: int | None = Field(default=None, ge=0, description="Bytes of the quantized weights.")
     predicted_speedup: float | None = Field(default=None, ge=0, description="The child's decode speed-up over "
                                             "the parent that the compression predicted.")
+    compute: str | None = Field(default=None, max_length=512, description="The dtype the compression Job computed "
+                                "in and why: bfloat16 where its device has BF16 math (CUDA 8.0 on; a CPU with "
+                                "AVX512_BF16 or AMX), else float32.")
     last_good: int | None = Field(default=None, ge=1, description="The last earlier build whose child passed its "
                                   "quality gate: its folder is kept until this build's child passes its own.")
 

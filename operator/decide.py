@@ -341,7 +341,7 @@ def record_compress(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, message
     result = CompressResult.model_validate_json(message)
     config = unpack_config(result.config)
     arch = architecture_from_config(config, f"the compress Job's child config of {p.name}")  # MAX_BLOCKS at most
-    p.status.build = p.build.model_copy(update={"child_config": result.config,
+    p.status.build = p.build.model_copy(update={"child_config": result.config, "compute": result.compute,
                                                 "predicted_speedup": round(result.predicted_speedup, 4)})
     if plan.quantize is None:
         p.status.build = p.build.model_copy(update={"recipe": "bf16"})

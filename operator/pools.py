@@ -28,14 +28,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tailor.compressor.buildplan import PACKAGE_DTYPE, PoolServing
+from tailor.compressor.buildplan import PoolServing
+from tailor.compressor.compute import Compute, ComputeDtype, processor_from_labels, processor_of_family, resolve
 from tailor.compressor.model.architecture import Architecture
 from tailor.compressor.sizing import engines
 from tailor.compressor.sizing.concurrency import Sizing, size, smallest_tensor_parallel
 from tailor.compressor.sizing.engines import Engine, cache_bytes, choose, engine_args
 from tailor.compressor.sizing.hardware import MEMORY_LABEL, PRODUCT_LABEL, GpuCatalog, GpuProfile, Precision
 from tailor.compressor.sizing.hostmemory import HostNeed, serving_need
-from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, RuntimeReserve, served_kv_dtype
 from tailor.operator import names
 from tailor.operator.api import GPU_RESOURCE, DeploymentSpec, NodePoolTarget
 from tailor.operator.manifest import container_gpus, gpu_count
@@ -73,6 +74,7 @@ class PoolPlan(BaseModel):
     capacity: int | None = None  # replicas the pool's free GPUs hold
     recipe: str | None = None
     kv_dtype: KvDtype | None = None
+    compute: Compute | None = None  # what the engine computes in, and why (`pool_compute`)
     engine: Engine | None = None
     quantized: bool = True  # serves the quantized checkpoint (else the BF16 child)
     sizing: Sizing | None = None
@@ -95,7 +97,7 @@ class PoolPlan(BaseModel):
             raise ValueError(f"pool {self.name} is skipped: {self.skipped}")
         assert self.engine is not None
         batch = self.max_num_seqs()
-        args = engine_args(checkpoint, catalog.get(self.gpu_profile), self.sizing, batch, PACKAGE_DTYPE,
+        args = engine_args(checkpoint, catalog.get(self.gpu_profile), self.sizing, batch,
                            trust_remote_code) if self.engine is Engine.VLLM else None
         return PoolServing(name=self.name, generation=generation, gpu_profile=self.gpu_profile, context=context,
                            tensor_parallel=self.sizing.tensor_parallel, max_batch_size=batch, engine=self.engine,
@@ -242,6 +244,17 @@ def _pool_nodes(pool: NodePoolTarget, nodes: list[dict[str, Any]], catalog: GpuC
     return PoolNodes(members=members, product=product, gpus_per_node=min(map(allocatable_gpus, members)), gpu=gpu)
 
 
+def pool_compute(gpu: GpuProfile, members: list[dict[str, Any]]) -> Compute:
+    """What the pool's engine computes in (`compute.resolve`): a GPU pool's family decides; a CPU pool's nodes
+    decide by Node Feature Discovery's CPUID labels, BF16 only where every node has BF16 math."""
+    if gpu.family != "cpu":
+        return resolve(ComputeDtype.AUTO, processor_of_family(gpu.family))
+    found = [resolve(ComputeDtype.AUTO, processor_from_labels(node["metadata"].get("labels") or {},
+                                                              f"CPU of node {node['metadata']['name']}"))
+             for node in members]
+    return min(found, key=lambda compute: compute.dtype is ComputeDtype.BFLOAT16)  # float32 where any node needs it
+
+
 def no_quantized_math(gpu: GpuProfile, precision: Precision) -> str | None:
     """Why `gpu` cannot serve a `precision` checkpoint (Ampere has no FP8 math), or None."""
     if precision is Precision.BF16 or gpu.serves_quantized:
@@ -286,13 +299,13 @@ SIZINGS = IdentityMemo(256)  # by the build (one `Built` per build: `rollout.bui
 
 
 def _sizing(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe, kv: KvDtype,
-            gpus_per_node: int) -> Sizing | str:
+            gpus_per_node: int, dtype: ComputeDtype) -> Sizing | str:
     """The smallest tensor-parallel group that holds a request, sized; or why none within a node does."""
     try:
-        tp = smallest_tensor_parallel(arch, gpu, context, recipe, kv, RuntimeReserve(), gpus_per_node)
+        tp = smallest_tensor_parallel(arch, gpu, context, recipe, kv, RuntimeReserve(), gpus_per_node, dtype=dtype)
     except ValueError as error:
         return f"{error} ({recipe.name} weights, {kv.value} KV cache)"
-    return size(arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=gpus_per_node)
+    return size(arch, gpu, context, recipe, kv, tp=tp, gpus_per_node=gpus_per_node, dtype=dtype)
 
 
 def too_few_gpus(min_replicas: int, tp: int, members: list[dict[str, Any]]) -> str | None:
@@ -326,13 +339,18 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
         return plan.model_copy(update={"skipped": engine.note})
     if not engine.quantized:
         recipe, kv = RECIPES["bf16"], KvDtype.BF16
-    plan = plan.model_copy(update={"engine": engine.engine, "quantized": engine.quantized,
-                                   "notes": [engine.note] if engine.note else []})
+    compute = pool_compute(gpu, members)
+    kv = served_kv_dtype(kv, compute.dtype)
+    notes = [engine.note] if engine.note else []
+    if gpu.family == "cpu":
+        notes.append(f"the engine computes in {compute.describe()}")
+    plan = plan.model_copy(update={"engine": engine.engine, "quantized": engine.quantized, "notes": notes})
     if (why_not := no_quantized_math(gpu, recipe.precision)) is not None:
         return plan.model_copy(update={"skipped": why_not})
-    plan = plan.model_copy(update={"gpu_profile": gpu.name, "recipe": recipe.name, "kv_dtype": kv})
-    sizing = SIZINGS.get((built, gpu, recipe), (deployment.context_length, kv, plan.gpus_per_node), lambda: _sizing(
-        built.arch, gpu, deployment.context_length, recipe, kv, plan.gpus_per_node))
+    plan = plan.model_copy(update={"gpu_profile": gpu.name, "recipe": recipe.name, "kv_dtype": kv, "compute": compute})
+    sizing = SIZINGS.get((built, gpu, recipe), (deployment.context_length, kv, plan.gpus_per_node, compute.dtype),
+                         lambda: _sizing(built.arch, gpu, deployment.context_length, recipe, kv, plan.gpus_per_node,
+                                         compute.dtype))
     if isinstance(sizing, str):
         return plan.model_copy(update={"skipped": sizing})
     tp = sizing.tensor_parallel

@@ -3,7 +3,6 @@ warm-up then cosine decay, gradient clipping at 1, and progress lines with an ET
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -14,20 +13,18 @@ from torch import nn
 
 def train(model: nn.Module, loss_of: Callable[[torch.Tensor], torch.Tensor], sequences: torch.Tensor, *,
           steps: int, lr: float, batch: int, seed: int, warmup: int, progress: Callable[[str], None], label: str,
-          weight_decay: float = 0.0, bf16: bool = False, report_every: int = 5) -> list[float]:
+          weight_decay: float = 0.0, report_every: int = 5) -> list[float]:
     """Train `model` in place on `batch` random rows of `sequences` per step; the loss of every step."""
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     generator = torch.Generator().manual_seed(seed)
-    precision = torch.autocast(sequences.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     model.train()
     losses: list[float] = []
     started = time.monotonic()
     for step in range(1, steps + 1):
         rows = torch.randint(0, sequences.shape[0], (batch,), generator=generator)
-        with precision:
-            loss = loss_of(sequences[rows])
+        loss = loss_of(sequences[rows])
         optimiser.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

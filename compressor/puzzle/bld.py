@@ -25,6 +25,7 @@ from torch import nn
 from tailor.compressor import peaks
 from tailor.compressor.files import save_tensors
 from tailor.compressor.model.checkpoint import CheckpointError
+from tailor.compressor.model.device import autocast
 from tailor.compressor.model.lazy import LazyDecoder, materialise
 from tailor.compressor.model.modeling import Branch, HybridLayer, Layer, build_branch, residual
 from tailor.compressor.puzzle import parallel
@@ -117,11 +118,12 @@ class Captured:
         return error / max(scale, 1e-12 * count)
 
 
-def distill(branch: Branch, captured: Captured, budget: Training, generator: torch.Generator) -> tuple[float, float]:
-    """Train `branch` in place on the captured rows (inputs -> targets) for budget.tokens tokens; its normalised
-    MSE before and after. The steps go through the chunks in turn (an equal share each, from the one held), each
-    step's rows drawn at random from its chunk. Gradients and the optimiser's state are freed before the final
-    evaluation."""
+def distill(branch: Branch, captured: Captured, budget: Training, generator: torch.Generator,
+            dtype: torch.dtype) -> tuple[float, float]:
+    """Train `branch` in place on the captured rows (inputs -> targets) for budget.tokens tokens, computing in
+    `dtype` (the captured streams'; `device.autocast`); its normalised MSE before and after. The steps go through
+    the chunks in turn (an equal share each, from the one held), each step's rows drawn at random from its chunk.
+    Gradients and the optimiser's state are freed before the final evaluation."""
     assert branch is not None
     initial = captured.nmse(branch)
     params = [p for module in branch for p in module.parameters()]
@@ -131,11 +133,11 @@ def distill(branch: Branch, captured: Captured, budget: Training, generator: tor
     steps = max(1, math.ceil(budget.tokens / (budget.batch * seq_len)))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s /
                                                                                                      steps)))
-    autocast = torch.autocast(captured.device.type, dtype=torch.bfloat16)
+    precision = autocast(captured.device, dtype)
     for step in range(steps):
         inputs, targets = captured.chunk(order[step * len(order) // steps])
         rows = torch.randint(0, inputs.shape[0], (budget.batch,), generator=generator)
-        with autocast:
+        with precision:
             loss = normalised_mse(residual(branch, inputs[rows]) - inputs[rows], targets[rows])
         optimiser.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -175,7 +177,7 @@ def run_bld(model: LazyDecoder, variants: list[list[Variant]], activations: Path
         for variant in (v for v in todo if v.slot == slot_index):
             branch = _initialised(variant, current, captured, model)
             generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{variant.slot}:{variant.label}".encode()))
-            initial, loss = distill(branch, captured, budget, generator)
+            initial, loss = distill(branch, captured, budget, generator, model.dtype)
             if not loss <= initial:  # a variant training made worse (or NaN) is rebuilt as initialised
                 branch, loss = _initialised(variant, current, captured, model), initial
             save_branch(checkpoint_file(folder, variant), branch, loss)

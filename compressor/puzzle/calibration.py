@@ -98,8 +98,8 @@ def calibrate(model: Decoder, timer: MeasuredCosts, work: Workload, progress: Pr
     counts = Counter(keys)
     parts = {key: slot.part for key, slot in zip(keys, model.slots(), strict=True)}
     runners = {key: timer.fresh(part, hidden, work) for key, part in parts.items()}
-    step = decode_step_runner(model, work.batch, work.context)
-    empty = decode_step_runner(without_blocks(model), work.batch, work.context)
+    step = decode_step_runner(model, work.batch, work.context, timer.dtype)
+    empty = decode_step_runner(without_blocks(model), work.batch, work.context, timer.dtype)
     kept = sum(not isinstance(slot.part, NoOp) for slot in model.slots())
     device = model.embedding.weight.device
     pairs: list[tuple[float, float]] = []
@@ -172,16 +172,18 @@ class PairedSpeedup(BaseModel):
         return f"{self.median:.3f}x ({self.low:.3f}-{self.high:.3f} over {self.pairs} interleaved pairs)"
 
 
-def measured_speedup(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> PairedSpeedup:
-    """The child's decode speed-up over the parent in `rounds` paired step timings."""
-    pairs = speedup_pairs(parent, child, work, rounds)
+def measured_speedup(parent: Decoder, child: Decoder, work: Workload, dtype: torch.dtype,
+                     rounds: int = ROUNDS) -> PairedSpeedup:
+    """The child's decode speed-up over the parent in `rounds` paired step timings, both in `dtype`."""
+    pairs = speedup_pairs(parent, child, work, dtype, rounds)
     return PairedSpeedup(median=statistics.median(pairs), low=min(pairs), high=max(pairs), pairs=len(pairs))
 
 
-def speedup_pairs(parent: Decoder, child: Decoder, work: Workload, rounds: int = ROUNDS) -> list[float]:
+def speedup_pairs(parent: Decoder, child: Decoder, work: Workload, dtype: torch.dtype,
+                  rounds: int = ROUNDS) -> list[float]:
     """The child's decode speed-up over the parent in each of `rounds` interleaved pairs of step timings."""
     device = parent.embedding.weight.device
-    runners = [decode_step_runner(model, work.batch, work.context) for model in (parent, child)]
+    runners = [decode_step_runner(model, work.batch, work.context, dtype) for model in (parent, child)]
     ratios = []
     for _ in range(rounds):
         parent_s, child_s = (time_call(run, device, min_seconds=0.1) for run in runners)

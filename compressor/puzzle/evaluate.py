@@ -2,7 +2,7 @@
 
 - quality: perplexity and KL(parent || model) of next-token distributions on held-out sequences;
 - speed: greedy decoding with the KV cache, `batch` requests after a `context`-token prompt, timed
-  over `new_tokens` steps (median of `repeats` runs) in BF16, the dtype the costs are measured in.
+  over `new_tokens` steps (median of `repeats` runs) in the run's compute dtype, the one the costs are measured in.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def quality(model: Decoder | LazyDecoder, reference: Decoder | LazyDecoder, ids:
 
 
 @torch.inference_mode()  # as the block timings are taken: no autograd bookkeeping on the cache updates
-def decode_tokens_per_second(model: Decoder, batch: int, context: int, new_tokens: int, repeats: int = 3,
-                             seed: int = 0) -> float:
-    """Generated tokens per second over all `batch` requests, prompt processing excluded."""
-    runner = copy.deepcopy(model).to(torch.bfloat16).eval()
+def decode_tokens_per_second(model: Decoder, batch: int, context: int, new_tokens: int, dtype: torch.dtype,
+                             repeats: int = 3, seed: int = 0) -> float:
+    """Generated tokens per second over all `batch` requests in `dtype`, prompt processing excluded."""
+    runner = copy.deepcopy(model).to(dtype).eval()
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.arch.vocab_size, (batch, context), generator=generator)
     device = runner.embedding.weight.device

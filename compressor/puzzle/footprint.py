@@ -1,9 +1,9 @@
 """What each stage of `tailor compress` needs per rank: peak memory and an estimated time.
 
 A model of the pipeline as it runs in bounded memory per rank: frozen weights are streamed one block at a time in
-the plan's `frozenDtype` (BF16 on GPUs, float32 on a CPU), as are the residual streams captured from them; token
-windows and captured streams are read from the claim a chunk at a time; the stages that all ranks share split
-their work over them. Each term is a
+the plan's `computeDtype` (BF16 on GPUs, float32 on the `cpu` profile: `compute.resolve`), as are the residual
+streams captured from them; token windows and captured streams are read from the claim a chunk at a time; the
+stages that all ranks share split their work over them. Each term is a
 small named function so that it can follow the pipeline when that changes. `tailor compress --dry-run` prints
 it; the operator checks it before it creates the compression Job. No torch here: the operator imports it.
 
@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tailor.compressor.compute import processor_of_family, resolve
 from tailor.compressor.model.architecture import Architecture, Attention, Mamba, Mlp, Moe, NoOp, Part
 from tailor.compressor.model.chunks import HEAD_SLICE, LAYER_TOKENS
 from tailor.compressor.puzzle.options import is_hybrid, part_options
@@ -266,7 +267,7 @@ class _Model:
         self.arch, self.plan, self.gpu, self.budget = arch, plan, gpu, budget
         self.gpus_per_node = gpus_per_node
         on_gpu = gpu.family != "cpu"
-        self.fb = plan.frozen_dtype.bytes(on_gpu)  # frozen weights and residual streams
+        self.fb = resolve(plan.compute_dtype, processor_of_family(gpu.family)).dtype.bytes  # frozen, streams
         self.hidden, self.seq, self.layers = arch.hidden_size, plan.data.seq_len, len(arch.blocks)
         self.block_max = max(block_params(arch))
         self.lmax = self.block_max * self.fb
@@ -280,8 +281,8 @@ class _Model:
         self.chunk_tokens = min(self.bld_rows, max(1, plan.activation_chunk_tokens // self.seq)) * self.seq
         self.scoring_tokens = math.ceil(plan.scoring_tokens / self.seq) * self.seq
         peak = gpu.compute_tflops(Precision.BF16) * 1e12 * MFU
-        self.train_flops_per_s = peak  # training runs under BF16 autocast
-        self.frozen_flops_per_s = peak * (TF32_SHARE if on_gpu and self.fb == 4 else 1.0)
+        # what trains runs under BF16 autocast, or in float32 (TF32 on a GPU) like the frozen models
+        self.train_flops_per_s = self.frozen_flops_per_s = peak * (TF32_SHARE if on_gpu and self.fb == 4 else 1.0)
         self.stage_flops = self.flops()
 
     def stream_bytes(self, tokens: int) -> int:

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 from tailor.compressor.model.checkpoint import read_config
+from tailor.compressor.model.device import autocast
 from tailor.compressor.model.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
 from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.model.moe import PROJECTIONS, split_stacked
@@ -235,7 +236,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     checkpoints = Checkpoints(out.with_name(CHECKPOINT_FOLDER), key, checkpoint_seconds, child, optimiser, schedule,
                               progress)
     done, losses = checkpoints.resume()
-    autocast = torch.autocast(parent.device.type, dtype=torch.bfloat16)
+    precision = autocast(parent.device, parent.dtype)  # the run's compute dtype, as the teacher is held in
     child.train()
     started = time.monotonic()
     for step, rows in enumerate(mine[done:], done + 1):
@@ -245,7 +246,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
         for part in torch.split(rows, budget.micro_batch or rows.numel()):  # the step's gradients add up
             ids = tokens.take(train, part, parent.device)
             states, logits = teacher.targets(part, ids)
-            with autocast:
+            with precision:
                 loss = gkd_loss(child, ids, states, logits, world / per_step, budget.recompute)
             loss.backward()  # type: ignore[no-untyped-call]
             total += loss.detach().float()

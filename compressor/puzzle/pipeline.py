@@ -33,9 +33,11 @@ from typing import Any
 import torch
 
 from tailor.compressor import peaks, sources, tiny_hybrid
+from tailor.compressor.compute import Compute
 from tailor.compressor.files import staged_folder, write_json, write_text
 from tailor.compressor.model.architecture import Architecture
 from tailor.compressor.model.checkpoint import CheckpointError, read_config
+from tailor.compressor.model.device import compute_for, torch_dtype
 from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.puzzle import activations, gkd, parallel
@@ -55,7 +57,7 @@ from tailor.compressor.puzzle.footprint import WHOLE_MODEL_BYTES, WORKING_SHARE
 from tailor.compressor.puzzle.library import Variant, part_label, slot_variants
 from tailor.compressor.puzzle.measure import MeasuredCosts
 from tailor.compressor.puzzle.options import is_hybrid
-from tailor.compressor.puzzle.plan import CostSource, FrozenDtype, Plan, Target
+from tailor.compressor.puzzle.plan import CostSource, Plan, Target
 from tailor.compressor.puzzle.pricing import Price, Pricer, resolve_source
 from tailor.compressor.puzzle.report import ModelFigures, Report, RoundSummary
 from tailor.compressor.puzzle.resume import Checkpoints
@@ -122,7 +124,7 @@ def resolve_parent(name: str) -> Path:
 
 
 LIBRARY_FIELDS = {"parent", "data", "library", "bld", "bld_activation_tokens", "activation_chunk_tokens",
-                  "scoring_tokens", "frozen_dtype", "seed"}
+                  "scoring_tokens", "compute_dtype", "seed"}
 
 
 def fingerprints(plan: Plan, parent: Path) -> dict[str, str]:
@@ -179,7 +181,7 @@ def rank_budget(plan: Plan, device: torch.device) -> float | None:
 
 def fits(arch: Architecture, plan: Plan, device: torch.device) -> bool:
     """Whether a whole model may be loaded to time its decoding: its float32 weights, a float32 copy on the way
-    to a BF16 one, and the BF16 one, within the rank's budget (`rank_budget`)."""
+    to one in the compute dtype, and that one, within the rank's budget (`rank_budget`)."""
     budget = rank_budget(plan, device)
     return budget is None or WHOLE_MODEL_BYTES * arch.total_params < budget
 
@@ -188,7 +190,7 @@ def _figures(model: LazyDecoder, found: Quality, plan: Plan) -> ModelFigures:
     arch = model.arch
     target = plan.target
     speed = decode_tokens_per_second(model.load(), target.batch, min(target.context, plan.measure_context),
-                                     plan.measure_tokens) if fits(arch, plan, model.device) else None
+                                     plan.measure_tokens, model.dtype) if fits(arch, plan, model.device) else None
     return ModelFigures(
         params=arch.total_params, active_params=arch.active_param_count,
         weight_bytes=weight_bytes(arch, recipe_for(target.precision, arch)), pattern=arch.pattern,
@@ -281,7 +283,7 @@ class Round:
             assert timer is not None and whole is not None
             with self._stage("speed-check"):
                 child = LazyDecoder(self.folder / "assembled", parent.dtype, parent.device).load()
-                measured = measured_speedup(whole, child, pricer.decode)
+                measured = measured_speedup(whole, child, pricer.decode, parent.dtype)
                 del child
             summary.update(measured_speedup=measured.median, measured_speedup_range=[measured.low, measured.high])
             self.log(f"round {self.number}: the assembled child measured {measured.describe()} the parent's decode "
@@ -323,8 +325,10 @@ def compress(plan: Plan, out: Path) -> Report | None:
         device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
     log = Log()
     torch.manual_seed(plan.seed)
-    plan = plan.model_copy(update={"frozen_dtype": plan.frozen_dtype.resolve(device.type == "cuda")})
-    frozen = torch.bfloat16 if plan.frozen_dtype is FrozenDtype.BFLOAT16 else torch.float32
+    compute = compute_for(device, plan.compute_dtype)
+    log(f"compute dtype {compute.describe()}")
+    plan = plan.model_copy(update={"compute_dtype": compute.dtype})
+    frozen = torch_dtype(compute)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # what trains is float32: its matmuls on TF32 tensor cores
         torch.backends.cudnn.allow_tf32 = True
@@ -343,7 +347,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
         log(f"data: {splits.describe()} tokens (train, scoring, evaluation)")
     source = resolve_source(plan.target, on_cpu=device.type == "cpu")
     # rank 0 alone prices and searches: the other ranks would time the same parts on the same host
-    timer = MeasuredCosts(dev=device) if source is CostSource.MEASURED and parallel.is_main() else None
+    timer = MeasuredCosts(dev=device, dtype=frozen) if source is CostSource.MEASURED and parallel.is_main() else None
     pricer = Pricer(parent.arch, plan.target, timer)
     with log.stage("costs.parent"):
         if timer is not None and fits(parent.arch, plan, device):
@@ -400,7 +404,8 @@ def compress(plan: Plan, out: Path) -> Report | None:
         log.save_peaks(out)
         parallel.finish()
         return None
-    report = _finish(plan, out, parent, current, parent_dir, splits, pricer, candidates, rounds, log, source.value)
+    report = _finish(plan, out, parent, current, parent_dir, splits, pricer, candidates, rounds, log, source.value,
+                     compute)
     log.save_peaks(out)
     parallel.finish()
     return report
@@ -408,7 +413,7 @@ def compress(plan: Plan, out: Path) -> Report | None:
 
 def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, parent_dir: Path, splits: Splits,
             pricer: Pricer, candidates: list[list[Candidate]], rounds: list[RoundSummary], log: Log,
-            cost_source: str) -> Report:
+            cost_source: str, compute: Compute) -> Report:
     fixed, parent_price = pricer.fixed, _parent_price(pricer, parent)  # as the last search saw them
     with log.stage("evaluation"):
         found = qualities({"parent": parent, "child": child}, [("parent", "parent"), ("child", "parent")],
@@ -429,11 +434,11 @@ def _finish(plan: Plan, out: Path, parent: LazyDecoder, child: LazyDecoder, pare
         measured_speedup=None if child_figures.decode_tokens_per_second is None or
         parent_figures.decode_tokens_per_second is None else
         child_figures.decode_tokens_per_second / parent_figures.decode_tokens_per_second,
-        measured_on=f"this machine ({parent.device.type}, BF16) at batch {plan.target.batch} with "
+        measured_on=f"this machine ({parent.device.type}, {compute.dtype.value}) at batch {plan.target.batch} with "
                     f"{min(plan.target.context, plan.measure_context)} cached tokens"
                     if fits(parent.arch, plan, parent.device) else
                     "not measured: the parent does not fit budgetGiB whole",
-        kl_to_parent=child_figures.quality.kl,
+        compute=compute, kl_to_parent=child_figures.quality.kl,
         perplexity_ratio=child_figures.quality.perplexity / parent_figures.quality.perplexity,
         blocks=[{kind: part_label(part) if part is not None else "" for kind, part in (("mixer", b.mixer),
                                                                                         ("ffn", b.ffn))}

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.sizing.engines import Engine
 from tailor.compressor.sizing.hardware import Precision
 from tailor.compressor.sizing.memory import KvDtype
@@ -41,23 +42,6 @@ class CostSource(StrEnum):
     ROOFLINE = "roofline"  # the cost model's roofline on the target GPU profile
     MEASURED = "measured"  # each variant timed with torch on this machine (only meaningful on the target)
     AUTO = "auto"  # measured when this machine is the target (the `cpu` profile on a CPU), else roofline
-
-
-class FrozenDtype(StrEnum):
-    """What the models that never train, and the residual streams between them, are held in."""
-
-    AUTO = "auto"  # bfloat16 on GPUs, float32 on a CPU (whose BF16 matmuls are no faster)
-    BFLOAT16 = "bfloat16"
-    FLOAT32 = "float32"
-
-    def resolve(self, on_gpu: bool) -> FrozenDtype:
-        if self is FrozenDtype.AUTO:
-            return FrozenDtype.BFLOAT16 if on_gpu else FrozenDtype.FLOAT32
-        return self
-
-    def bytes(self, on_gpu: bool) -> int:
-        """Bytes per element."""
-        return 2 if self.resolve(on_gpu) is FrozenDtype.BFLOAT16 else 4
 
 
 class Target(_Spec):
@@ -246,12 +230,14 @@ class Plan(_Spec):
                                                  "to it, and a whole model is loaded (to time its decoding) only "
                                                  "when it fits; the dry run checks every stage against it. Default: "
                                                  "no limit.")
-    frozen_dtype: FrozenDtype = Field(FrozenDtype.AUTO,
-                                      description="What the models that never train are held in (the parent and "
-                                                  "current model streamed through capture, BLD's targets, scoring "
-                                                  "and evaluation; GKD's teacher), and the residual streams "
-                                                  "captured from them. What trains is float32 (BF16 autocast). "
-                                                  "auto: bfloat16 on GPUs, float32 on a CPU.")
+    compute_dtype: ComputeDtype = Field(ComputeDtype.AUTO,
+                                        description="What every stage computes in: the models that never train "
+                                                    "(the parent and current model streamed through capture, "
+                                                    "BLD's targets, scoring and evaluation; GKD's teacher), the "
+                                                    "residual streams captured from them, and the autocast of "
+                                                    "what trains (whose weights stay float32). auto: bfloat16 "
+                                                    "where the device has BF16 math (CUDA 8.0 on; a CPU with "
+                                                    "AVX512_BF16 or AMX), else float32.")
     seed: int = Field(0, ge=0, le=2**31 - 1)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")

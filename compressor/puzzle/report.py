@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tailor.compressor.compute import Compute
 from tailor.compressor.puzzle.evaluate import Quality
 from tailor.compressor.results import CompressResult, pack_config
 
@@ -43,6 +44,7 @@ class Report(BaseModel):
     predicted_speedup: float  # decode, from the search's cost model
     measured_speedup: float | None  # decode, same harness for both; None where not measured
     measured_on: str  # where and at what workload the measured figures were taken
+    compute: Compute  # the dtype every stage computed in, and why (`compute.resolve`)
     kl_to_parent: float
     perplexity_ratio: float
     blocks: list[dict[str, str]]  # per layer: its mixer and FFN choices (`library.part_label`), "" where absent
@@ -63,7 +65,7 @@ class Report(BaseModel):
             f"{self.perplexity_ratio:.3f} |",
             f"| decode tokens/s (measured) | {_figure(p.decode_tokens_per_second, '.1f')} | "
             f"{_figure(c.decode_tokens_per_second, '.1f')} | {_figure(self.measured_speedup, '.3f')} |", "",
-            f"Measured on {self.measured_on}.", "",
+            f"Measured on {self.measured_on}. Computed in {self.compute.describe()}.", "",
             f"KL(parent || child): {self.kl_to_parent:.4f} nats/token. Predicted decode speed-up "
             f"({self.cost_source} costs): {self.predicted_speedup:.3f}x.", "",
             f"Pattern (* attention, M Mamba, - MLP, E MoE; L linear, 0 removed): `{c.pattern}`", "",
@@ -92,7 +94,7 @@ def compress_result(report: Report, child: Path) -> CompressResult:
                           parent_params=report.parent.params, parent_active_params=report.parent.active_params,
                           pattern=report.child.pattern, predicted_speedup=report.predicted_speedup,
                           measured_speedup=report.measured_speedup,
-                          kl_to_parent=report.kl_to_parent,
+                          kl_to_parent=report.kl_to_parent, compute=report.compute.describe(),
                           config=pack_config(json.loads((child / "config.json").read_text())))
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import REPOSITORY
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.files import staged_folder, write_json
 from tailor.compressor.model.architecture import Architecture, architecture_from_config
 from tailor.compressor.model.checkpoint import read_config, read_quant_config
@@ -45,7 +46,7 @@ from tailor.compressor.sizing.engines import (
     served_checkpoint,
 )
 from tailor.compressor.sizing.hardware import GpuProfile, Precision
-from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, recipe_for
+from tailor.compressor.sizing.memory import RECIPES, KvDtype, QuantRecipe, recipe_for, served_kv_dtype
 
 TEMPLATE_INPUTS = (
     ("text_input", "TYPE_STRING", "[ 1 ]"), ("input_ids", "TYPE_INT64", "[ -1 ]"),
@@ -75,7 +76,7 @@ class PackageSettings(BaseModel):
     kind: str
     decoupled: bool
     max_queue_delay_us: int
-    dtype: str
+    dtype: ComputeDtype = Field(description="What the engine computes in (the sizing's).")
     sizing: Sizing
     engine_args: dict[str, Any] | None = Field(None, description="vLLM's model.json.")
 
@@ -146,22 +147,23 @@ def _link_or_copy(source: str, target: str) -> None:
 
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, engine: Engine = Engine.VLLM,
             max_batch_size: int | None = None, instances: int = 1, decoupled: bool = False, threads: int = 2,
-            max_queue_delay_us: int = 2000, mount: str | None = None, dtype: str = "bfloat16",
-            tensor_parallel: int = 1, sizing: Sizing | None = None,
+            max_queue_delay_us: int = 2000, mount: str | None = None,
+            dtype: ComputeDtype = ComputeDtype.BFLOAT16, tensor_parallel: int = 1, sizing: Sizing | None = None,
             vllm_args: dict[str, Any] | None = None) -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
     `context` on `gpu` (`max_num_seqs`). A given `sizing` and `vllm_args` (the operator's, from the build plan)
-    are used as they are, once the checkpoint is checked to be what it was sized for; else vLLM's engine
-    arguments are computed here (`engine_args`). `mount`: where the server finds the repository (default:
-    `<out>/repository`)."""
+    are used as they are, once the checkpoint is checked to be what it was sized for; else the model is sized
+    for an engine computing in `dtype` and vLLM's engine arguments are computed here (`engine_args`). `mount`:
+    where the server finds the repository (default: `<out>/repository`)."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
     if sizing is None:
-        sizing = size(arch, gpu, context, recipe, kv, tp=tensor_parallel, gpus_per_node=tensor_parallel)
-    elif (sizing.recipe, sizing.kv_dtype) != (recipe.name, kv):
+        sizing = size(arch, gpu, context, recipe, served_kv_dtype(kv, dtype), tp=tensor_parallel,
+                      gpus_per_node=tensor_parallel, dtype=dtype)
+    elif (sizing.recipe, sizing.kv_dtype) != (recipe.name, served_kv_dtype(kv, sizing.dtype)):
         raise ValueError(f"{model} is {recipe.name} with a {kv.value} KV cache; the plan was sized for "
-                         f"{sizing.recipe} with {sizing.kv_dtype.value}")
+                         f"{sizing.recipe} with {sizing.kv_dtype.value} in {sizing.dtype.value}")
     if sizing.concurrency_per_replica < 1:
         raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")
@@ -175,11 +177,11 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
         args = None
     elif args is None:
         checkpoint = served_checkpoint(mount or str((out / REPOSITORY).resolve()), name)
-        args = engine_args(checkpoint, gpu, sizing, batch, dtype, reads_own_config_class(config))
+        args = engine_args(checkpoint, gpu, sizing, batch, reads_own_config_class(config))
     settings = PackageSettings(name=name, engine=engine, gpu=gpu.name, context=context, recipe=recipe.name,
                                max_batch_size=batch, instances=instances, kind=kind,
                                decoupled=decoupled or engine is Engine.VLLM, max_queue_delay_us=max_queue_delay_us,
-                               dtype=dtype, sizing=sizing, engine_args=args)
+                               dtype=sizing.dtype, sizing=sizing, engine_args=args)
     with staged_folder(out) as staging:
         version = staging / REPOSITORY / name / "1"
         version.mkdir(parents=True)

@@ -1,10 +1,10 @@
 """The served speed-up: the Puzzle child's tokens/s over its parent's through the serving engine.
 
 Both are packaged side by side in one model repository with the same engine arguments (context, max_num_seqs,
-dtype; each with the KV-cache bytes of its own sizing) and measured interleaved through one tritonserver
-(`speed.interleaved`, which flags rows taken while other processes used the CPU). The operator's package Job
-writes the pair for the pool it measures on (`package_pair`, from `tailor package --plan`); its speed Job runs
-Triton on it beside `tailor speed --plan` (`measure`), whose result goes into the object's status.
+the pool's compute dtype; each with the KV-cache bytes of its own sizing) and measured interleaved through one
+tritonserver (`speed.interleaved`, which flags rows taken while other processes used the CPU). The operator's
+package Job writes the pair for the pool it measures on (`package_pair`, from `tailor package --plan`); its speed
+Job runs Triton on it beside `tailor speed --plan` (`measure`), whose result goes into the object's status.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tailor.compressor.buildplan import REPOSITORY
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.files import staged_folder, write_text
 from tailor.compressor.results import SpeedRatio, SpeedResult
 from tailor.compressor.serving.repository import package
@@ -32,7 +33,7 @@ SKIPPED_FILE = "skipped.txt"  # beside an empty repository: why the pair was not
 
 
 def package_pair(child: Path, parent: Path, out: Path, gpu: GpuProfile, context: int, tensor_parallel: int,
-                 mount: str) -> str | None:
+                 mount: str, dtype: ComputeDtype) -> str | None:
     """The child and the parent in one repository, `out/repository` (found by the server at `mount`), each at
     max_num_seqs max(CONCURRENCY); None, or why not (written to `out/skipped.txt` beside an empty repository,
     so that the server beside `tailor speed` starts either way)."""
@@ -42,7 +43,7 @@ def package_pair(child: Path, parent: Path, out: Path, gpu: GpuProfile, context:
         try:
             for label, folder in ((CHILD, child), (PARENT, parent)):
                 package(folder, staging / label, label, gpu, context, max_batch_size=max(CONCURRENCY),
-                        tensor_parallel=tensor_parallel, mount=mount)
+                        tensor_parallel=tensor_parallel, mount=mount, dtype=dtype)
                 (staging / label / REPOSITORY / label).rename(repository / label)
                 shutil.rmtree(staging / label)
         except ValueError as error:  # one of them does not fit the pool's GPUs at that batch

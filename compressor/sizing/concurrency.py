@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.model.architecture import Architecture
 from tailor.compressor.sizing.hardware import GpuProfile, Precision
 from tailor.compressor.sizing.memory import (
@@ -63,6 +64,8 @@ class Sizing(BaseModel):
     recipe: str
     kv_dtype: KvDtype
     ssm_dtype: str
+    dtype: ComputeDtype = Field(ComputeDtype.BFLOAT16, description="What the engine computes in and keeps "
+                                "unquantized weights in (float32 on a CPU without BF16 math).")
     tensor_parallel: int
     gpus_per_node: int
     total_params: int
@@ -79,8 +82,9 @@ class Sizing(BaseModel):
 
 
 def footprint(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe, kv_dtype: KvDtype,
-              reserve: RuntimeReserve, tp: int = 1, ssm_dtype: str | None = None) -> Footprint:
-    """Per-GPU bytes of one replica spread over `tp` GPUs."""
+              reserve: RuntimeReserve, tp: int = 1, ssm_dtype: str | None = None,
+              dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> Footprint:
+    """Per-GPU bytes of one replica spread over `tp` GPUs, in an engine computing in `dtype`."""
     if context <= 0:
         raise ValueError(f"context must be a positive number of tokens, got {context}")
     if tp <= 0:
@@ -88,9 +92,9 @@ def footprint(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRe
     kv_heads = min((layer.num_kv_heads for layer in arch.attention_layers()), default=tp)
     ssm_groups = min((layer.n_groups for layer in arch.mamba_layers()), default=tp)
     kv = kv_bytes_per_token(arch, kv_dtype) * context
-    state = state_bytes_per_request(arch, ssm_dtype).total
+    state = state_bytes_per_request(arch, ssm_dtype, dtype).total
     return Footprint(
-        weights=math.ceil(weight_bytes(arch, recipe) / tp),
+        weights=math.ceil(weight_bytes(arch, recipe, dtype) / tp),
         kv_per_request=math.ceil(kv / min(tp, kv_heads)),
         state_per_request=math.ceil(state / min(tp, ssm_groups)),
         reserve=reserve.bytes,
@@ -113,13 +117,15 @@ def max_requests(fp: Footprint) -> int:
 
 def size(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe, kv_dtype: KvDtype,
          *, reserve: RuntimeReserve | None = None, tp: int = 1, gpus_per_node: int = 8,
-         target_concurrency: int | None = None, ssm_dtype: str | None = None) -> Sizing:
-    """Concurrency per GPU, per replica and per node, and replicas for a total target."""
+         target_concurrency: int | None = None, ssm_dtype: str | None = None,
+         dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> Sizing:
+    """Concurrency per GPU, per replica and per node, and replicas for a total target, in an engine computing in
+    `dtype` (its KV cache is `kv_dtype`: `memory.served_kv_dtype`)."""
     if gpus_per_node < tp:
         raise ValueError(f"tensor parallelism {tp} needs more GPUs than a node has ({gpus_per_node})")
     if target_concurrency is not None and target_concurrency <= 0:
         raise ValueError(f"target concurrency must be positive, got {target_concurrency}")
-    fp = footprint(arch, gpu, context, recipe, kv_dtype, reserve or RuntimeReserve(), tp, ssm_dtype)
+    fp = footprint(arch, gpu, context, recipe, kv_dtype, reserve or RuntimeReserve(), tp, ssm_dtype, dtype)
     per_replica = max_requests(fp)
     binding = (Binding.WEIGHTS if fp.weights > fp.usable
                else Binding.KV_CACHE if fp.kv_per_request >= fp.state_per_request else Binding.SSM_STATE)
@@ -141,7 +147,7 @@ def size(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe,
         replicas_for_target = math.ceil(target_concurrency / per_replica)
     return Sizing(
         model=arch.name, gpu=gpu.name, context=context, recipe=recipe.name, kv_dtype=kv_dtype,
-        ssm_dtype=ssm_dtype or arch.ssm_cache_dtype, tensor_parallel=tp, gpus_per_node=gpus_per_node,
+        ssm_dtype=ssm_dtype or arch.ssm_cache_dtype, dtype=dtype, tensor_parallel=tp, gpus_per_node=gpus_per_node,
         total_params=arch.total_params, active_params=arch.active_param_count, footprint=fp,
         concurrency_per_replica=per_replica, concurrency_per_gpu=per_replica / tp,
         replicas_per_node=replicas_per_node, concurrency_per_node=per_replica * replicas_per_node,
@@ -152,11 +158,11 @@ def size(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe,
 
 def smallest_tensor_parallel(arch: Architecture, gpu: GpuProfile, context: int, recipe: QuantRecipe,
                              kv_dtype: KvDtype, reserve: RuntimeReserve, gpus_per_node: int,
-                             ssm_dtype: str | None = None) -> int:
+                             ssm_dtype: str | None = None, dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> int:
     """The smallest power-of-two group within a node that holds at least one request."""
     tp = 1
     while tp <= gpus_per_node:
-        if max_requests(footprint(arch, gpu, context, recipe, kv_dtype, reserve, tp, ssm_dtype)) >= 1:
+        if max_requests(footprint(arch, gpu, context, recipe, kv_dtype, reserve, tp, ssm_dtype, dtype)) >= 1:
             return tp
         tp *= 2
     raise ValueError(f"{arch.name} does not fit one request of {context} tokens on {gpus_per_node} x {gpu.name}")

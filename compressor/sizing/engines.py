@@ -145,18 +145,19 @@ def max_num_seqs(concurrency: int) -> int:
     return min(concurrency, MAX_BATCH_CAP)
 
 
-def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int, dtype: str,
+def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int,
                 trust_remote_code: bool) -> dict[str, Any]:
     """vLLM's engine arguments for a replica sized by `sizing`: `max_num_seqs` requests of `sizing.context`
     tokens and the cache they need (`kv_cache_memory_bytes`, per GPU: the pages of each request as vLLM lays them
     out, `cache_layout`, and the one page it keeps back), so that the engine's own count of the requests it holds
     is the sizing's; the share of device memory the runtime reserve leaves, the tensor-parallel group and the
-    KV-cache dtype. Hybrids run without prefix caching (with it, vLLM keeps three pages of every Mamba layer per
-    request). The CPU build runs eagerly (a compiled start takes minutes on two cores); GPUs capture CUDA graphs.
-    `trust_remote_code` only where the config is read through tailor's own class (`reads_own_config_class`)."""
+    KV-cache dtype; the compute dtype the sizing was made for (`Sizing.dtype`). Hybrids run without prefix
+    caching (with it, vLLM keeps three pages of every Mamba layer per request). The CPU build runs eagerly (a
+    compiled start takes minutes on two cores); GPUs capture CUDA graphs. `trust_remote_code` only where the config is
+    read through tailor's own class (`reads_own_config_class`)."""
     layout = cache_layout(gpu, sizing)
     args: dict[str, Any] = {
-        "model": checkpoint, "tokenizer": checkpoint, "dtype": dtype, "max_model_len": sizing.context,
+        "model": checkpoint, "tokenizer": checkpoint, "dtype": sizing.dtype.value, "max_model_len": sizing.context,
         "max_num_seqs": max_num_seqs, "block_size": layout.block_size,
         "kv_cache_memory_bytes": cache_bytes(gpu, sizing, max_num_seqs),
         "gpu_memory_utilization": round(sizing.footprint.usable / gpu.memory_bytes, 4),

@@ -2,8 +2,9 @@
 
 Recipes mirror nvidia-modelopt's presets (`modelopt.torch.quantization`): which tensor groups a preset
 quantizes, and at how many bits. NVFP4 stores 4 bits a weight plus one FP8 scale per 16 weights
-(4.5 bits); FP8 stores 8 bits plus a per-tensor scale. Everything a preset leaves alone stays BF16.
-No torch here.
+(4.5 bits); FP8 stores 8 bits plus a per-tensor scale. Everything a preset leaves alone stays BF16, or is
+widened to float32 by an engine that computes in float32 (a CPU without BF16 math, `compute.resolve`): its
+weights, its KV cache (vLLM's `auto`: the model dtype) and its Mamba convolution window. No torch here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.model.architecture import Architecture, Block, Mamba, TensorGroup
 from tailor.compressor.sizing.hardware import GpuProfile, Precision
 
@@ -23,11 +25,11 @@ BF16_BITS = 16.0
 class KvDtype(StrEnum):
     BF16 = "bf16"
     FP8 = "fp8"
+    FP32 = "fp32"  # an unquantized KV cache kept by an engine computing in float32 (`served_kv_dtype`)
 
 
-KV_BYTES = {KvDtype.BF16: 2, KvDtype.FP8: 1}
+KV_BYTES = {KvDtype.BF16: 2, KvDtype.FP8: 1, KvDtype.FP32: 4}
 STATE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CONV_STATE_BYTES = 2  # the convolution window is kept in the model dtype (BF16)
 
 _LINEAR_LAYERS = frozenset({
     TensorGroup.ATTENTION, TensorGroup.LINEAR, TensorGroup.MAMBA_PROJ, TensorGroup.MLP,
@@ -47,8 +49,9 @@ class QuantRecipe(BaseModel):
     modelopt_config: str | None = Field(description="The modelopt preset this recipe follows.")
     weight_only: bool = Field(default=False, description="Activations stay BF16 (e.g. W4A16).")
 
-    def bits_for(self, group: TensorGroup) -> float:
-        return self.bits if group in self.quantized else BF16_BITS
+    def bits_for(self, group: TensorGroup, dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> float:
+        """Bits a weight of `group` costs in an engine computing in `dtype` (which widens what stays BF16)."""
+        return self.bits if group in self.quantized else 8.0 * dtype.bytes
 
 
 # modelopt's defaults quantize every nn.Linear but the LM head and MoE routers; its Mamba-MoE presets
@@ -84,21 +87,30 @@ def preferred_kv_dtype(gpu: GpuProfile) -> KvDtype:
     return KvDtype.FP8 if gpu.runs_natively(Precision.FP8) else KvDtype.BF16
 
 
+def served_kv_dtype(kv: KvDtype, dtype: ComputeDtype) -> KvDtype:
+    """The KV cache an engine computing in `dtype` keeps for a checkpoint built with `kv`: an FP8 cache as
+    exported, an unquantized one in the compute dtype (vLLM's `auto`)."""
+    if kv is KvDtype.FP8:
+        return kv
+    return KvDtype.FP32 if dtype is ComputeDtype.FLOAT32 else KvDtype.BF16
+
+
 def resolve_kv_dtype(requested: str, gpu: GpuProfile) -> KvDtype:
     """The one place an `auto` KV-cache dtype is decided (for the GPU the model is built for); fp16 is stored
     like bf16 (two bytes)."""
     if requested == "auto":
         return preferred_kv_dtype(gpu)
-    return KvDtype.FP8 if requested == "fp8" else KvDtype.BF16
+    return {"fp8": KvDtype.FP8, "fp32": KvDtype.FP32}.get(requested, KvDtype.BF16)
 
 
 def block_weight_bytes(block: Block, hidden: int, recipe: QuantRecipe) -> float:
     return float(sum(count * recipe.bits_for(group) / 8 for group, count in block.params(hidden).items()))
 
 
-def weight_bytes(arch: Architecture, recipe: QuantRecipe) -> int:
-    """Bytes of all weights under a recipe (embeddings, norms and LM head included)."""
-    return round(sum(count * recipe.bits_for(group) / 8 for group, count in arch.params().items()))
+def weight_bytes(arch: Architecture, recipe: QuantRecipe, dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> int:
+    """Bytes of all weights under a recipe (embeddings, norms and LM head included), in an engine computing in
+    `dtype`."""
+    return round(sum(count * recipe.bits_for(group, dtype) / 8 for group, count in arch.params().items()))
 
 
 def kv_bytes_per_token(arch: Architecture, kv_dtype: KvDtype) -> int:
@@ -117,17 +129,20 @@ class StateBytes(BaseModel):
         return self.ssm + self.conv
 
 
-def state_bytes_per_request(arch: Architecture, ssm_dtype: str | None = None) -> StateBytes:
-    """SSM state in the model's `mamba_ssm_cache_dtype` (float32 unless the config says otherwise)."""
-    return mamba_state_bytes(arch.mamba_layers(), ssm_dtype or arch.ssm_cache_dtype)
+def state_bytes_per_request(arch: Architecture, ssm_dtype: str | None = None,
+                            dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> StateBytes:
+    """SSM state in the model's `mamba_ssm_cache_dtype` (float32 unless the config says otherwise), the
+    convolution window in the engine's compute dtype."""
+    return mamba_state_bytes(arch.mamba_layers(), ssm_dtype or arch.ssm_cache_dtype, dtype)
 
 
-def mamba_state_bytes(layers: list[Mamba], ssm_dtype: str) -> StateBytes:
+def mamba_state_bytes(layers: list[Mamba], ssm_dtype: str,
+                      dtype: ComputeDtype = ComputeDtype.BFLOAT16) -> StateBytes:
     """The state one request holds in these Mamba layers."""
     if ssm_dtype not in STATE_BYTES:
         raise ValueError(f"SSM state dtype {ssm_dtype!r} is not one of {', '.join(STATE_BYTES)}")
     return StateBytes(ssm=int(sum(layer.ssm_elements() for layer in layers)) * STATE_BYTES[ssm_dtype],
-                      conv=int(sum(layer.conv_elements() for layer in layers)) * CONV_STATE_BYTES)
+                      conv=int(sum(layer.conv_elements() for layer in layers)) * dtype.bytes)
 
 
 class RuntimeReserve(BaseModel):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tailor.compressor.compute import ComputeDtype
 from tailor.compressor.quantize.pipeline import QuantizeJob, run
 from tailor.compressor.quantize.recipes import QuantFormat
 from tailor.compressor.serving.repository import VLLM_BACKEND, package
@@ -15,6 +16,8 @@ from tailor.compressor.serving.speedup import package_pair, skipped
 from tailor.compressor.sizing.engines import ENGINE_ARGS_FILE, MAX_BATCH_CAP, Engine
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.compressor.sizing.memory import KvDtype
+
+BF16 = ComputeDtype.BFLOAT16
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_the_speed_pair_is_two_models_with_the_same_engine_arguments(tiny_parent
     does not fit leaves an empty repository and says why, so the Triton beside `tailor speed` still starts."""
     h100 = GpuCatalog.load().get("H100")
     mount = "/models/m/g1/speed-h100/repository"
-    assert package_pair(tiny_parent, tiny_parent, tmp_path / "pair", h100, 2048, 1, mount) is None
+    assert package_pair(tiny_parent, tiny_parent, tmp_path / "pair", h100, 2048, 1, mount, BF16) is None
     repository = tmp_path / "pair" / "repository"
     assert sorted(p.name for p in repository.iterdir()) == ["child", "parent"] and skipped(tmp_path / "pair") is None
     args = {name: json.loads((repository / name / "1" / "model.json").read_text()) for name in ("child", "parent")}
@@ -72,6 +75,6 @@ def test_the_speed_pair_is_two_models_with_the_same_engine_arguments(tiny_parent
     assert sorted(p.name for p in (tmp_path / "pair").iterdir()) == ["repository"]  # nothing half-written beside
 
     tiny = h100.model_copy(update={"memory_mib": 1})  # less than the weights
-    reason = package_pair(tiny_parent, tiny_parent, tmp_path / "no-fit", tiny, 2048, 1, mount)
+    reason = package_pair(tiny_parent, tiny_parent, tmp_path / "no-fit", tiny, 2048, 1, mount, BF16)
     assert reason is not None and reason.startswith("not measured: ") and "does not fit" in reason
     assert skipped(tmp_path / "no-fit") == reason and not any((tmp_path / "no-fit" / "repository").iterdir())

@@ -68,7 +68,8 @@ def test_bld_over_chunks_measures_every_row_and_trains_one_chunk_at_a_time(tiny_
         return chunk(index)
 
     data.chunk = counted  # type: ignore[method-assign]
-    initial, final = distill(branch, data, Training(tokens=16 * 12, lr=1e-3, batch=2), torch.Generator())
+    initial, final = distill(branch, data, Training(tokens=16 * 12, lr=1e-3, batch=2), torch.Generator(),
+                             torch.float32)
     assert final < initial
     # chunk 2 held: the first nmse reads 0 and 1, the 6 steps (2 per chunk, from 1) read 2 and 0, the last nmse
     # (from 0) reads 1 and 2; never two chunks at once

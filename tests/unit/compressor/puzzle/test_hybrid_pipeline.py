@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tailor.compressor.model.architecture import Mamba, load_architecture
 from tailor.compressor.model.checkpoint import load_decoder
+from tailor.compressor.model.device import compute_for
 from tailor.compressor.puzzle.pipeline import compress
 from tailor.compressor.puzzle.plan import Plan
 
@@ -75,12 +77,14 @@ def test_a_gpu_runs_dtypes_and_chunked_activations_give_a_child_of_like_quality(
     close to the float32, one-chunk run's."""
     plan = tiny_plan(tiny_hybrid, target={"gpu": "H100", "precision": "fp8", "throughput": None, "params": 0.97,
                                           "context": 4096, "batch": 8, "costs": "roofline"},
-                     library=LIBRARY, engine="tailor-python", measureContext=64, frozenDtype="bfloat16",
+                     library=LIBRARY, engine="tailor-python", measureContext=64, computeDtype="bfloat16",
                      activationChunkTokens=128)
     compress(Plan.model_validate(plan), tmp_path / "out")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     reference = json.loads((hybrid_run / "report.json").read_text())
-    assert report["plan"]["frozenDtype"] == "bfloat16" and reference["plan"]["frozenDtype"] == "float32"
+    here = compute_for(torch.device("cpu")).dtype  # what `auto` resolved to on this machine's CPU
+    assert report["plan"]["computeDtype"] == report["compute"]["dtype"] == "bfloat16"
+    assert reference["plan"]["computeDtype"] == reference["compute"]["dtype"] == here
     assert "4 chunk(s) of 2 rows" in capsys.readouterr().err
     assert report["child"]["params"] <= 0.97 * report["parent"]["params"]
     assert report["child"]["quality"]["kl"] < 1.5 * reference["child"]["quality"]["kl"]

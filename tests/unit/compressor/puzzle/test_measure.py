@@ -31,7 +31,7 @@ PARTS: list[Part] = [
 @pytest.mark.parametrize("part", PARTS, ids=lambda part: part.kind)
 def test_every_part_runs_and_keeps_the_hidden_shape(part: Part) -> None:
     for work in (DECODE, PREFILL):
-        run = measure._runner(part, HIDDEN, work, torch.device("cpu"))
+        run = measure._runner(part, HIDDEN, work, torch.device("cpu"), torch.float32)
         with torch.inference_mode():
             out = run()
         tokens = 1 if work.phase is Phase.DECODE else work.context
@@ -57,7 +57,8 @@ class _ElementsRead(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
 
 def _decode_step_reads(part: Part, context: int) -> int:
     """Elements one timed decode step of `part` reads after `context` cached tokens."""
-    run = measure._runner(part, HIDDEN, DECODE.model_copy(update={"context": context}), torch.device("cpu"))
+    run = measure._runner(part, HIDDEN, DECODE.model_copy(update={"context": context}), torch.device("cpu"),
+                          torch.float32)
     counter = _ElementsRead()
     with torch.inference_mode(), counter:
         run()
@@ -92,8 +93,8 @@ def test_measurements_are_cached_per_device(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_calibration_reports_positive_peaks() -> None:
-    figures = measure.calibrate()
-    assert figures["tflops_bf16"] > 0 and figures["bandwidth_gbps"] > 0
+    figures = measure.calibrate(dtype=torch.float32)
+    assert figures["tflops"] > 0 and figures["bandwidth_gbps"] > 0
 
 
 def _tiny_decoder() -> Decoder:
@@ -121,8 +122,8 @@ def test_a_whole_decode_step_is_timed_after_the_same_context_every_call(monkeypa
         return 0.0125
 
     monkeypatch.setattr(measure, "time_call", timed)
-    assert measure.decode_step_seconds(model, batch=2, context=32) == 0.0125
-    assert measure.decode_step_seconds(model, batch=2, context=288) == 0.0125
+    assert measure.decode_step_seconds(model, batch=2, context=32, dtype=torch.float32) == 0.0125
+    assert measure.decode_step_seconds(model, batch=2, context=288, dtype=torch.float32) == 0.0125
     short, long = reads[0], reads[1]
     assert len(set(short)) == 1 and len(set(long)) == 1  # every call after the same context, not one more each
     kv_cache_growth = (288 - 32) * 2 * sum(part.kv_elements_per_token() for part in attention)
