@@ -78,6 +78,8 @@ docs: setup ## serve the documentation site at http://127.0.0.1:8000, rebuilt on
 
 test: build image-tools lint ## lint, then every test (cluster tests start the devcluster once)
 	$(TAILOR) devcluster build --kueue --registry
+	@# the real weights and text, and the toy hybrids trained here once (minutes on 2 cores), before any test's timeout
+	$(TAILOR) data fetch > /dev/null
 	$(BIN)/pytest
 
 test-operator: setup ## the operator's unit tests alone: no cluster, no torch, seconds

@@ -39,9 +39,24 @@ def tiny_parent(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path
     return folder
 
 
+MAX_TRAINING_LOSS = 5.5  # the toy hybrid's last training loss the tests rely on (random weights: ln 49152 = 10.8)
+
+
+def trained(folder: Path) -> Path:
+    """A toy hybrid trained on this machine, checked for the quality the tests rely on: a clear failure, not a
+    verdict that depends on the machine, when its training fell short."""
+    import json
+
+    loss = json.loads((folder / "config.json").read_text()).get("training_loss")
+    if not isinstance(loss, float) or loss > MAX_TRAINING_LOSS:
+        pytest.fail(f"{folder}: the toy hybrid trained to loss {loss} on this machine; the tests rely on one at "
+                    f"most {MAX_TRAINING_LOSS} (delete the folder to train it again)")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_hybrid() -> Path:
-    """The toy NemotronH trained on Shakespeare (`tailor data fetch`; about two minutes the first time)."""
+    """The toy NemotronH trained on Shakespeare (`tailor data fetch`, which `make test` runs first)."""
     from tailor.compressor.tiny_hybrid import fetch_tiny_hybrid
 
-    return fetch_tiny_hybrid()
+    return trained(fetch_tiny_hybrid())

@@ -41,6 +41,7 @@ from tailor.compressor.model.device import autocast
 from tailor.compressor.model.lazy import LazyDecoder, recompute_rotary, sharded_checkpoint, sweep
 from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.model.moe import PROJECTIONS, split_stacked
+from tailor.compressor.model.training import Reporter
 from tailor.compressor.puzzle import parallel, tokens
 from tailor.compressor.puzzle.activations import Progress
 from tailor.compressor.puzzle.footprint import KL_TOKENS, WORKING_SHARE, block_params, teacher_is_sharded
@@ -238,7 +239,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
     done, losses = checkpoints.resume()
     precision = autocast(parent.device, parent.dtype)  # the run's compute dtype, as the teacher is held in
     child.train()
-    started = time.monotonic()
+    started, reporter = time.monotonic(), Reporter(steps, 5)
     for step, rows in enumerate(mine[done:], done + 1):
         teacher.begin(step - 1)
         optimiser.zero_grad(set_to_none=True)
@@ -258,7 +259,7 @@ def distill(child_folder: Path, out: Path, parent: LazyDecoder, parent_folder: P
         if dist.is_initialized():
             dist.all_reduce(total)
         losses.append(float(total))
-        if step % 5 == 0 or step == steps:
+        if reporter.due(step):
             eta = (time.monotonic() - started) / (step - done) * (steps - step)
             progress(f"gkd: step {step}/{steps}, {step * per_step * train.shape[1]} tokens, "
                      f"loss {losses[-1]:.4f}, eta {eta:.0f}s")

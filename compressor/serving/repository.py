@@ -148,17 +148,22 @@ def _link_or_copy(source: str, target: str) -> None:
 def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *, engine: Engine = Engine.VLLM,
             max_batch_size: int | None = None, instances: int = 1, decoupled: bool = False, threads: int = 2,
             max_queue_delay_us: int = 2000, mount: str | None = None,
-            dtype: ComputeDtype = ComputeDtype.BFLOAT16, tensor_parallel: int = 1, sizing: Sizing | None = None,
+            dtype: ComputeDtype | None = None, tensor_parallel: int = 1, sizing: Sizing | None = None,
             vllm_args: dict[str, Any] | None = None) -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
     `context` on `gpu` (`max_num_seqs`). A given `sizing` and `vllm_args` (the operator's, from the build plan)
     are used as they are, once the checkpoint is checked to be what it was sized for; else the model is sized
-    for an engine computing in `dtype` and vLLM's engine arguments are computed here (`engine_args`). `mount`:
+    for an engine computing in `dtype` (default: what `gpu` computes fast, this machine's CPU for the `cpu`
+    profile: `device.compute_for_profile`) and vLLM's engine arguments are computed here (`engine_args`). `mount`:
     where the server finds the repository (default: `<out>/repository`)."""
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
     if sizing is None:
+        if dtype is None:
+            from tailor.compressor.model.device import compute_for_profile
+
+            dtype = compute_for_profile(gpu.family).dtype
         sizing = size(arch, gpu, context, recipe, served_kv_dtype(kv, dtype), tp=tensor_parallel,
                       gpus_per_node=tensor_parallel, dtype=dtype)
     elif (sizing.recipe, sizing.kv_dtype) != (recipe.name, served_kv_dtype(kv, sizing.dtype)):

@@ -10,6 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from tailor.compressor.compute import NFD_CPUID, nfd_labels
 from tailor.devcluster import build, executor, metrics, nodes, pki
 
 
@@ -37,6 +38,23 @@ def test_gpu_nodes_carry_capacity_labels_and_taint() -> None:
     assert gke["status"]["allocatable"]["nvidia.com/gpu"] == "8" and gke["spec"]["taints"] == [nodes.GPU_TAINT]
     local = manifests["local-0"]["metadata"]  # run by the executor, not kwok
     assert local["annotations"] == {} and local["labels"][nodes.EXECUTOR_LABEL] == "true"
+
+
+def test_the_executor_node_carries_the_cpuid_labels_nfd_gives_this_cpu(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from /proc/cpuinfo as NFD reads CPUID; `ATEN_CPU_CAPABILITY=avx2` makes it a CPU without AVX-512, as
+    torch then acts; kwok's nodes get none (they run nothing)."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert nodes.host_cpu_flags(cpuinfo) >= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert nodes.host_cpu_flags(cpuinfo) == {"fpu", "avx", "avx2"}
+    assert nodes.host_cpu_flags(tmp_path / "missing") == set()
+    manifests = {m["metadata"]["name"]: m["metadata"]["labels"] for m in nodes.node_manifests(nodes.load_pools())}
+    assert not any(key.startswith(NFD_CPUID) for key in manifests["h100-0"])
+    assert {key for key in manifests["local-0"] if key.startswith(NFD_CPUID)} == set(
+        nfd_labels(nodes.host_cpu_flags()))
 
 
 def test_bad_pools_file_names_the_file_and_the_field(tmp_path: Path) -> None:

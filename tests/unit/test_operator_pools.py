@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tailor.compressor.compute import NFD_CPUID, nfd_labels
 from tailor.compressor.model.architecture import load_architecture
 from tailor.compressor.sizing.engines import Engine, cache_bytes
 from tailor.compressor.sizing.hardware import GpuCatalog, resolve_precision
-from tailor.compressor.sizing.memory import KvDtype, recipe_for
+from tailor.compressor.sizing.memory import KvDtype, kv_bytes_per_token, recipe_for
+from tailor.devcluster.nodes import EXECUTOR_LABEL
 from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
@@ -416,3 +418,31 @@ def test_an_identity_memo_keeps_its_recently_used_entries_and_never_mixes_object
         memo.get((thing,), ("x",), lambda thing=thing: computed.append(thing) or id(thing))
     assert computed == [first, second, third, second]  # `second` was the least recently used when `third` came
     assert memo.get((second,), ("y",), lambda: "other extras") == "other extras"
+
+
+@pytest.mark.parametrize(("flags", "dtype", "kv", "weight_bytes"), [
+    ({"avx2"}, "float32", KvDtype.FP32, 4),  # no BF16 math: the engine widens the BF16 child
+    ({"avx2", "avx512f", "amx_bf16"}, "bfloat16", KvDtype.BF16, 2),
+])
+def test_a_cpu_pool_computes_in_what_its_nodes_cpus_have_math_for(flags: set[str], dtype: str, kv: KvDtype,
+                                                                   weight_bytes: int) -> None:
+    """The executor node labelled as Node Feature Discovery labels its CPU: the engine's dtype, its KV cache and
+    the weights it holds follow `compute.resolve`, and the engine arguments say so."""
+    model = CompressedModel.model_validate(example("smollm2-135m-cpu"))
+    smol = load_architecture("smollm2-135m")
+    nodes = copy.deepcopy(NODES)
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        if labels.get(EXECUTOR_LABEL) == "true":
+            node["metadata"]["labels"] = {key: value for key, value in labels.items() if NFD_CPUID not in key}
+            node["metadata"]["labels"] |= nfd_labels(flags)
+    assert model.spec.deployment is not None
+    (plan,) = plan_deployment(model.spec.deployment, nodes, Built(arch=smol, recipe=recipe_for(
+        resolve_precision("bf16", CATALOG.get("cpu")), smol), kv_dtype=KvDtype.BF16), CATALOG)
+    assert plan.compute is not None and plan.compute.dtype == dtype and plan.sizing is not None
+    assert plan.kv_dtype is kv and plan.sizing.kv_dtype is kv and plan.sizing.dtype == dtype
+    assert plan.sizing.footprint.weights == weight_bytes * smol.total_params
+    assert plan.sizing.footprint.kv_per_request == kv_bytes_per_token(smol, kv) * plan.sizing.context
+    assert any(note.startswith(f"the engine computes in {dtype}: CPU of node local-0") for note in plan.notes)
+    args = plan.serving(1, plan.sizing.context, CATALOG, "/models/child", False).engine_args
+    assert args is not None and args["dtype"] == dtype and args["kv_cache_dtype"] == "auto"  # auto: the model dtype
