@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from tailor.compressor.files import write_json
 from tailor.compressor.model.chunks import LAYER_TOKENS
 from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.model.modeling import residual
+from tailor.compressor.model.training import Reporter
 from tailor.compressor.puzzle import parallel
 from tailor.compressor.puzzle.activations import FINAL, Progress, scoring_file
 from tailor.compressor.puzzle.activations import load as load_activations
@@ -80,7 +82,9 @@ def score_variants(model: LazyDecoder, variants: list[list[Variant]], bld: Path,
     started, done = time.monotonic(), 0
     for first in range(0, len(todo), streams):
         group = todo[first:first + streams]
-        for key, state in _sweep(model, group, bld, activations).items():
+        swept = _sweep_progress(progress, f"scoring: {done}/{len(todo)} variants, {len(group)} streams",
+                                len(model.arch.blocks))
+        for key, state in _sweep(model, group, bld, activations, swept).items():
             scores[key] = _score(head, reference, state, ids)
             done += 1
         eta = (time.monotonic() - started) / done * (len(todo) - done)
@@ -101,8 +105,22 @@ def _score(head: torch.nn.Module, reference: torch.Tensor, state: torch.Tensor, 
     return Score(kl=kl / ids.shape[0], lm_loss=loss / ids.shape[0])
 
 
-def _sweep(model: LazyDecoder, group: list[Variant], bld: Path, activations: Path) -> dict[str, torch.Tensor]:
-    """The residual stream after the last slot with each variant of `group` in its slot, keyed "slot:label"."""
+def _sweep_progress(progress: Progress, said: str, layers: int) -> Callable[[int], None]:
+    """What a sweep calls after each layer: `said` and the layer, at least every 20 s (`Reporter`), so a sweep of
+    many variants shows it is going."""
+    reporter = Reporter(layers, layers)
+
+    def swept(layer: int) -> None:
+        if reporter.due(layer + 1) and layer + 1 < layers:
+            progress(f"{said} at layer {layer + 1}/{layers}")
+
+    return swept
+
+
+def _sweep(model: LazyDecoder, group: list[Variant], bld: Path, activations: Path,
+           swept: Callable[[int], None]) -> dict[str, torch.Tensor]:
+    """The residual stream after the last slot with each variant of `group` in its slot, keyed "slot:label";
+    `swept(layer)` after each layer."""
     slots = model.slots()
     streams: dict[str, torch.Tensor] = {}
     start = min(v.slot for v in group)
@@ -119,6 +137,7 @@ def _sweep(model: LazyDecoder, group: list[Variant], bld: Path, activations: Pat
                     branch = variant_branch(model, layer, variant, bld)
                     streams[f"{variant.slot}:{variant.label}"] = _chunked(lambda x, b=branch: residual(b, x), inputs)
         del layer
+        swept(layer_index)
     return streams
 
 

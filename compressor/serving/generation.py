@@ -42,7 +42,7 @@ Emit = Callable[[int, int, bool], None]
 class Generator:
     """A loaded model and its tokenizer."""
 
-    def __init__(self, folder: Path, context: int, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, folder: Path, context: int, dtype: torch.dtype) -> None:
         self.model = load_decoder(folder, dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.context = context  # prompt + generated tokens a request may hold (what the sizing reserved)

@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tailor.cli.main import main
+from tailor.compressor.model.device import compute_for_profile, torch_dtype
 from tailor.compressor.serving import client
 from tailor.compressor.serving.generation import GenerationRequest, Generator
 from tailor.compressor.serving.server import Ports, RunningServer, triton_server
@@ -26,6 +27,7 @@ from tailor.compressor.serving.server import Ports, RunningServer, triton_server
 from served import MAX_BATCH, NAME
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
+SERVED_DTYPE = torch_dtype(compute_for_profile("cpu"))  # what `package` serves the `cpu` profile in here
 
 
 def metric(server: RunningServer, name: str) -> float:
@@ -40,7 +42,7 @@ def test_generates_what_the_model_generates_locally_over_http_and_grpc(server: R
     over_http = client.infer(server.http_url, NAME, "http", PROMPT, max_tokens=12, ignore_eos=True)
     over_grpc = client.infer(server.grpc_url, NAME, "grpc", PROMPT, max_tokens=12, ignore_eos=True)
     assert over_http == over_grpc and len(over_http.ids) == 12 and over_http.text.strip()
-    engine = Generator(quantized_child, context=256)
+    engine = Generator(quantized_child, 256, SERVED_DTYPE)
     local: list[int] = []
     engine.generate([GenerationRequest(ids=engine.encode(PROMPT), max_tokens=12, ignore_eos=True)],
                     lambda _, token, __: local.append(token))
@@ -62,7 +64,7 @@ def test_tailor_infer_prints_the_completion(server: RunningServer, capsys: pytes
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server: RunningServer,
                                                                     quantized_child: Path) -> None:
-    engine = Generator(quantized_child, context=256)
+    engine = Generator(quantized_child, 256, SERVED_DTYPE)
     lines = ["ROMEO: But soft, what light", "JULIET: O Romeo, Romeo, wherefore", "HAMLET: To be, or not to be",
              "MACBETH: Is this a dagger which"]
     prompts = [engine.encode(line)[:6] for line in lines]  # equal lengths: decoded in one batch
