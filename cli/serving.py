@@ -99,9 +99,9 @@ def _speed(args: argparse.Namespace) -> int:
         _, found = speedup.measure(f"127.0.0.1:{args.grpc_port}", pid, lambda row: print(
             f"{row['model']:<6} c={row['concurrency']:<3} round {row['round']} {row['tokens_per_second']:8.1f} tok/s, "
             f"other processes {row['other_cores']:.2f} cores", file=sys.stderr, flush=True))
-        result = speedup.result(pool.gpu_profile, pool.context, found)
+        result = speedup.result(pool.gpu_profile, pool.context, pool.sizing.dtype, found)
     else:
-        result = speedup.result(pool.gpu_profile, pool.context, reason=reason)
+        result = speedup.result(pool.gpu_profile, pool.context, pool.sizing.dtype, reason=reason)
     write_results(result, args.result_file, plan, "speed")
     print(result.model_dump_json(indent=2))
     return 0

@@ -148,6 +148,7 @@ class SpeedResult(StageResult):
 
     stage: Literal["speed"] = "speed"
     engine: Literal["vllm"] = "vllm"
+    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="What the engine computed in.")
     gpu: str = Field(max_length=64)
     context: int = Field(ge=1)
     max_num_seqs: int = Field(ge=1)

@@ -102,8 +102,9 @@ def record(p: Pass, found: ServedSpeedup, message: str) -> None:
                                      contended=r.contended) for r in result.ratios]
     figures = ", ".join(f"{r.ratio:.2f}x at concurrency {r.concurrency}" for r in result.ratios)
     predicted = f" (predicted {found.predicted:.2f}x)" if found.predicted else ""
-    found.message = (f"child over parent, BF16, through Triton + vLLM on {result.gpu} (max_num_seqs "
-                     f"{result.max_num_seqs}, context {result.context}), interleaved over {result.rounds} rounds: "
+    found.message = (f"child over parent, unquantized, in {result.dtype}, through Triton + vLLM on {result.gpu} "
+                     f"(max_num_seqs {result.max_num_seqs}, context {result.context}), interleaved over "
+                     f"{result.rounds} rounds: "
                      f"{figures}{predicted}")
     p.event("SpeedupMeasured", found.message)
 

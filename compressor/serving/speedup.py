@@ -106,7 +106,8 @@ def measure(grpc_url: str, pid: int, log: Callable[[Row], None] = lambda _: None
     return rows, found
 
 
-def result(gpu: str, context: int, found: list[SpeedRatio] | None = None, reason: str | None = None,
-           rounds: int = ROUNDS) -> SpeedResult:
-    return SpeedResult(gpu=gpu, context=context, max_num_seqs=max(CONCURRENCY), new_tokens=NEW_TOKENS,
+def result(gpu: str, context: int, dtype: ComputeDtype, found: list[SpeedRatio] | None = None,
+           reason: str | None = None, rounds: int = ROUNDS) -> SpeedResult:
+    return SpeedResult(gpu=gpu, context=context, dtype=dtype.value, max_num_seqs=max(CONCURRENCY),
+                       new_tokens=NEW_TOKENS,
                        rounds=0 if reason else rounds, ratios=found or [], skipped=reason)
