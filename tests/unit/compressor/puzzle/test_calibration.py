@@ -156,7 +156,8 @@ def _measured_run(monkeypatch: pytest.MonkeyPatch, parent: Path, tmp_path: Path,
     "measuring" `measured` x the parent's speed; `misses` replaces how far that is from each prediction."""
     Clock(monkeypatch)
     monkeypatch.setattr(pipeline, "MeasuredCosts",
-                        lambda dev: measure.MeasuredCosts(cache_file=tmp_path / "costs.json", dev=dev))
+                        lambda dev, dtype: measure.MeasuredCosts(cache_file=tmp_path / "costs.json", dev=dev,
+                                                                 dtype=dtype))
     monkeypatch.setattr(pipeline, "measured_speedup",
                         lambda *_: PairedSpeedup(median=measured, low=0.9 * measured, high=1.1 * measured, pairs=5))
     if misses is not None:
