@@ -34,8 +34,9 @@ def _demo(args: argparse.Namespace) -> int:
 def add_parser(nouns: Any) -> None:
     parser = nouns.add_parser("demo", help="Tailor end to end on this machine: devcluster, chart, a real "
                                            "compression served by Triton, the Nemotron-3 references sized")
-    parser.add_argument("--preset", choices=["default", "fast"], default="default",
-                        help="fast: half the token budgets (a shorter wait, a lower-quality child)")
+    parser.add_argument("--preset", choices=["fast", "example"], default="fast",
+                        help="fast: half the example's token budgets (minutes on 2 cores, a child that keeps less "
+                             "of the parent); example: the example's own budgets")
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="where summary.json and pareto.png go")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every model to be Ready")
     parser.set_defaults(run=_demo)

@@ -113,8 +113,12 @@ POD_ENV = {
 HOME_DIR, TMP_DIR = ".home", ".tmp"  # a container's name has no dot: no container folder is named so
 # From the host's environment only where this machine keeps the public certificates it trusts, as an image bakes
 # in its trust store: a stage downloads its text from the package index (through a TLS-inspecting proxy where
-# this machine has one). Never a credential: no KUBECONFIG, token, AWS_* or HF_* variable reaches a pod.
-HOST_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT")
+# this machine has one); and the caps on what torch and oneDNN dispatch (`ATEN_CPU_CAPABILITY=avx2`,
+# `ONEDNN_MAX_CPU_ISA=AVX2` make a CPU with BF16 math act as one without), since the node's labels follow them
+# (`nodes.host_cpu_flags`) and its pods must compute as those labels say. Never a credential: no KUBECONFIG,
+# token, AWS_* or HF_* variable reaches a pod.
+HOST_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT",
+            "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 # The servers the executor starts, by the start of their argv, and the arguments that bind every listener of
 # theirs to loopback (given ones are replaced): tritonserver listens on all interfaces by default (HTTP, gRPC,

@@ -1,6 +1,6 @@
-"""The README's main command, `tailor demo` (fast preset), end to end on the devcluster: the chart installed,
-SmolLM2-135M really compressed, quantized, gated and served by Triton through the operator, and the Nemotron-3
-references sized on the simulated GPU pools."""
+"""The README's main command, `tailor demo` (its default budgets, the fast preset), end to end on the devcluster:
+the chart installed, SmolLM2-135M really compressed, quantized, gated and served by Triton through the operator,
+and the Nemotron-3 references sized on the simulated GPU pools."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from conftest import delete_models
 def test_demo(devcluster: cluster.Layout, api: client.ApiClient, helm: Callable[..., Any], tmp_path: Path) -> None:
     out = tmp_path / "demo"
     try:
-        done = subprocess.run([sys.executable, "-m", "tailor.cli.main", "demo", "--preset", "fast", "--out", str(out)],
+        done = subprocess.run([sys.executable, "-m", "tailor.cli.main", "demo", "--out", str(out)],
                               capture_output=True, text=True, timeout=1700)
         assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
         assert "Triton answer" in done.stdout and "sizing per node pool" in done.stdout

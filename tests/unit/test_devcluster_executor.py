@@ -143,7 +143,8 @@ def output(state: Path, running: client.V1Pod, name: str) -> str:
 
 def test_pod_env_is_the_spec_env_and_what_the_executor_provides(tmp_path: Path) -> None:
     host = {**SECRETS, "PATH": "/home/dev/bin:/usr/bin", "HOME": "/home/dev", "SSL_CERT_FILE": "/etc/ssl/ca.pem",
-            "AWS_CA_BUNDLE": "/etc/ssl/ca.pem", "HF_HOME": "/home/dev/hf", "TAILOR_CACHE_DIR": "/home/dev/cache"}
+            "AWS_CA_BUNDLE": "/etc/ssl/ca.pem", "HF_HOME": "/home/dev/hf", "TAILOR_CACHE_DIR": "/home/dev/cache",
+            "ATEN_CPU_CAPABILITY": "avx2"}
     api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "16443",
            "TAILOR_SERVICE_ACCOUNT_DIR": "/state/sa"}
     env = executor_module.pod_env({"TAILOR_CACHE_DIR": "/artifacts/.cache", "LANG": "en_US.UTF-8"}, host,
@@ -151,7 +152,7 @@ def test_pod_env_is_the_spec_env_and_what_the_executor_provides(tmp_path: Path) 
     assert env == {
         "PATH": f"/venv/bin:{executor_module.SYSTEM_PATH}", "HOME": str(tmp_path / ".home"),
         "TMPDIR": str(tmp_path / ".tmp"), "HOSTNAME": "pod-a", "LANG": "en_US.UTF-8", "PYTHONUNBUFFERED": "1",
-        "SSL_CERT_FILE": "/etc/ssl/ca.pem", "LD_LIBRARY_PATH": "/py/lib", **api,
+        "SSL_CERT_FILE": "/etc/ssl/ca.pem", "ATEN_CPU_CAPABILITY": "avx2", "LD_LIBRARY_PATH": "/py/lib", **api,
         "TAILOR_CACHE_DIR": "/artifacts/.cache"}
     assert not any(secret in value for value in env.values() for secret in SECRETS.values())
 
