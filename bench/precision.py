@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -44,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DTYPES = (ComputeDtype.FLOAT32, ComputeDtype.BFLOAT16)
 SEQ_LEN, CONTEXT = 128, 512
 PROMPT = "The capital of France is"
+# what makes a CPU with BF16 math act as one without (`model/device.py`); the JSON records those set
+DISPATCH_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
 def log(message: str) -> None:
@@ -64,7 +67,7 @@ def gkd_step(parent: Path, rows: int, dtype: ComputeDtype) -> Callable[[], float
             loss = gkd_loss(child, ids, states, logits, 1 / rows)
         loss.backward()  # type: ignore[no-untyped-call]
         child.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -131,6 +134,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads", "processor": detect(device).model_dump(mode="json"),
         "chosen": chosen.model_dump(mode="json"), "measured": True,
+        "dispatch_caps": {name: os.environ[name] for name in DISPATCH_CAPS if name in os.environ},
         "gkd": time_gkd(parent, args.rows, args.rounds)}
     if not args.skip_serving:
         result["serving"] = time_serving(parent, args.work, args.concurrency, args.rounds, args.new_tokens)

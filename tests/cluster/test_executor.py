@@ -51,7 +51,7 @@ def _stop_executor(layout: cluster.Layout, number: signal.Signals) -> None:
     wait_for("the executor to exit", lambda: cluster.running_pid(layout, "executor") is None, 30)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240)  # restarts the executor and waits for its pods: seconds each, mostly waiting
 def test_the_executor_keeps_its_environment_and_never_leaks_or_repeats_a_pod(
         api: client.ApiClient, devcluster: cluster.Layout, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     core = client.CoreV1Api(api)

@@ -121,7 +121,7 @@ def image_operator(operator_image: str, devcluster: cluster.Layout, crd: None, a
                 shutil.rmtree(folder)
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(1800)  # a cold image build: debootstrap, then the wheels installed into it
 def test_the_operator_image_runs_a_compressed_model_to_ready(api: client.ApiClient, namespace: str,
                                                              image_operator: ImageOperator) -> None:
     objects = client.CustomObjectsApi(api)

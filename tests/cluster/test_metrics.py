@@ -136,7 +136,7 @@ def _nemotron(name: str) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(400)  # Prometheus's scrape, the adapter's relist and the HPA's sync set the pace, not CPU
 def test_nemotron_hpa_reads_fed_values_scales_within_its_bounds_and_the_pdb_holds(
         api: client.ApiClient, namespace: str, operator: Any, exporter: Exporter) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)

@@ -43,7 +43,7 @@ def _source_claim(core: client.CoreV1Api, namespace: str, parent: Path) -> None:
     shutil.copytree(parent, folder / "tiny-nemotron-h")
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # real compress, quantize, evaluate and package Jobs of the tiny hybrid, then vLLM
 def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, installed_operator: Any,
                                      tiny_hybrid: Path) -> None:
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)

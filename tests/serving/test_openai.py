@@ -27,7 +27,7 @@ from tailor.devcluster.executor import free_port
 NAME = "smollm2"
 CONTEXT = 512
 GREEDY = {"max_tokens": 8, "temperature": 0}
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(900)  # the first test starts tritonserver with a vLLM engine on two cores
 
 
 @pytest.fixture(scope="module")

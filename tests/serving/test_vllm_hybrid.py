@@ -35,7 +35,7 @@ PROMPTS = ["ROMEO: But soft, what light through yonder window breaks?", "HAMLET:
 # every kind of variant, including those vLLM cannot load (removed blocks, Mamba heads and head dims)
 LIBRARY = {"mambaHeads": [0.5], "mambaHeadDims": [0.5], "ssmStates": [0.5], "ffnWidths": [0.5], "kvHeads": [1],
            "keepAttention": False, "noOp": True}
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(900)  # `tailor compress` of the tiny hybrid, then a vLLM engine on two cores
 
 
 @pytest.fixture(scope="module")
