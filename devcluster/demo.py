@@ -42,6 +42,7 @@ EXAMPLE = ROOT / "examples" / "smollm2-135m-cpu.yaml"
 REFERENCES = [ROOT / "examples" / "nemotron-super-h100.yaml", ROOT / "examples" / "nemotron-super-b200.yaml"]
 RELEASE, SYSTEM, NAMESPACE = "tailor", "tailor-system", "tailor-demo"
 PROMPT = "The capital of France is"
+PROGRESS_S = 20.0  # the longest the demo stays silent while it waits
 # The demo's budgets (`--preset fast`, the default): half the example's token budgets, so that a 2-core CPU
 # without BF16 math (float32 throughout) finishes in minutes; the child keeps less of the parent (0.80 of its
 # accuracy on 2026-12-07, against 0.83 with the example's own budgets, `--preset example`): its floor is 0.6.
@@ -49,6 +50,23 @@ PROMPT = "The capital of France is"
 FAST: dict[str, Any] = {
     "minQualityRetention": 0.6, "distillation": {"blockwiseTokens": 2048, "globalTokens": 2048},
     "planOverrides": {"bldActivationTokens": 1024, "scoringTokens": 256, "evalTokens": 512}}
+
+
+@dataclass
+class Heartbeat:
+    """When the demo last printed a line: `due` once PROGRESS_S have passed since."""
+
+    last: float = field(default_factory=time.monotonic)
+
+    def printed(self, lines: int = 1) -> None:
+        if lines:
+            self.last = time.monotonic()
+
+    def due(self) -> bool:
+        if time.monotonic() - self.last < PROGRESS_S:
+            return False
+        self.last = time.monotonic()
+        return True
 
 
 @dataclass
@@ -177,35 +195,40 @@ class Demo:
         """Log phase changes of every object and stream the real Jobs' logs, until all are Ready."""
         said: dict[str, str] = {}
         offsets: dict[Path, int] = {}
+        beat = Heartbeat()
         deadline = time.monotonic() + self.timeout_s
         while True:
             bodies = {name: self.get(name) or {} for name in names}
+            due = beat.due()  # a line for each object not yet Ready, changed or not
             for name, body in bodies.items():
                 status = body.get("status") or {}
                 stage: dict[str, Any] = next((s for s in reversed(status.get("stages") or [])
                                               if s.get("state") == "Running"), {})
                 what = stage.get("jobName") or stage.get("name")  # Deploy runs several Jobs and revisions
                 line = f"{status.get('phase', 'Pending')}" + (f" ({what}: {stage.get('message', '')})" if stage else "")
-                if said.get(name) != line:
+                if said.get(name) != line or (due and status.get("phase") != "Ready"):
                     log(f"{name}: {line}")
                     said[name] = line
+                    beat.printed()
                 if status.get("phase") == "Failed":
                     failed: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Failed"),
                                                   {})
                     reason, message = failed.get("reason", ""), failed.get("message", "")
                     raise RuntimeError(f"{name} failed: {reason}: {message}\n(kubectl describe cmodel -n {NAMESPACE} "
                                        f"{name})")
-            self.stream_logs(offsets)
+            beat.printed(self.stream_logs(offsets))
             if all((b.get("status") or {}).get("phase") == "Ready" for b in bodies.values()):
                 return bodies
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not Ready after {self.timeout_s:.0f}s: {said}")
             time.sleep(2)
 
-    def stream_logs(self, offsets: dict[Path, int]) -> None:
-        """New lines of the namespace's pod logs on the executor node (a kubelet would serve `kubectl logs`)."""
+    def stream_logs(self, offsets: dict[Path, int]) -> int:
+        """New lines of the namespace's pod logs on the executor node (a kubelet would serve `kubectl logs`);
+        returns how many it printed."""
         pods = cluster.Layout(cluster.state_dir()).root / "executor" / "pods"
         found: list[Any] = client.CoreV1Api(self.api).list_namespaced_pod(NAMESPACE).items
+        printed = 0
         for pod in found:
             meta = pod.metadata
             for output in sorted((pods / f"{NAMESPACE}_{meta.name}_{meta.uid[:8]}").glob("*/output.log")):
@@ -216,6 +239,8 @@ class Demo:
                 for line in text.decode(errors="replace").splitlines():
                     if line.strip():
                         print(f"  {output.parent.name:>9} | {line.rstrip()[-150:]}", flush=True)
+                        printed += 1
+        return printed
 
     # --- the answer and the summary -----------------------------------------------------------------
 
@@ -254,6 +279,7 @@ class Demo:
         deadline = time.monotonic() + timeout_s
         log(f"waiting for HPA {hpa_name} to read its metrics (scrape every {SCRAPE_INTERVAL_S}s, adapter relist "
             f"every {RELIST_INTERVAL_S}s, HPA sync every 15s)")
+        beat = Heartbeat()
         while True:
             hpa = autoscaling.read_namespaced_horizontal_pod_autoscaler(hpa_name, NAMESPACE)
             current = {m.pods.metric.name: m.pods.current.average_value
@@ -261,6 +287,9 @@ class Demo:
             wanted = {m.pods.metric.name: m.pods.target.average_value for m in hpa.spec.metrics}
             if set(current) == set(wanted):
                 break
+            if beat.due():
+                log(f"HPA {hpa_name} reads {current or 'no metric yet'}; waiting for "
+                    f"{sorted(set(wanted) - set(current))}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"HPA {hpa_name} reads {current or 'no metric'} after {timeout_s:.0f}s, wants "
                                    f"{sorted(wanted)} (kubectl describe hpa -n {NAMESPACE} {hpa_name})")
@@ -275,10 +304,14 @@ class Demo:
         through Triton + vLLM, measured by the operator's Job on the pool's node: here, this machine), streaming
         the Job's log meanwhile."""
         offsets: dict[Path, int] = {}
+        beat = Heartbeat()
         deadline = time.monotonic() + self.timeout_s
         while True:
             found = ((self.get(name) or {}).get("status") or {}).get("servedSpeedup") or {}
-            self.stream_logs(offsets)
+            beat.printed(self.stream_logs(offsets))
+            if beat.due():
+                log(f"{name}: served speed-up {found.get('state') or 'not started'}: "
+                    f"{found.get('message') or 'waiting for the speed Job'}")
             if found.get("state") not in (None, "Running"):
                 log(f"{name}: served speed-up {found['state']}: {found.get('message')}")
                 return found
