@@ -19,7 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from tailor.compressor.puzzle.plan import Plan
 from tailor.compressor.sizing import hardware
+from tailor.operator import wire
+from tailor.operator.schema import structural
 
 GROUP = "tailor.dev"
 API_VERSION = "v1alpha1"
@@ -191,26 +194,26 @@ SOME_TARGET = cel(
 )
 
 
-# Plan fields the operator derives from the spec, with the spec field that does and their type: planOverrides may
-# not change them (refused at admission and by the operator, `resolve.compression_plan`).
-DECIDED = {"parent": ("spec.source", "string"), "data.text": ("spec.compression.data.path", "string"),
-           "data.heldout": ("spec.compression.data.heldOutPath", "string"),
-           "target.gpu": ("spec.compression.targetGPU", "string"),
-           "target.precision": ("spec.quantization.precision", "string"),
-           "target.kvDtype": ("spec.quantization.kvCacheDtype", "string"),
-           "target.batch": ("spec.compression.batch or spec.deployment.pools", "integer"),
-           "target.context": ("spec.compression.contextLength", "integer"),
-           "rounds": ("spec.compression.rounds", "integer"),
-           "target.requestTokensPerSecond": ("spec.compression.requestTokensPerSecond", "number"),
-           "bld.tokens": ("spec.compression.distillation.blockwiseTokens", "integer"),
-           "gkd.tokens": ("spec.compression.distillation.globalTokens", "integer"),
-           "device": ("the operator", "string")}
+# Plan fields the operator derives from the spec, with the spec field that does: planOverrides may not change
+# them (refused at admission and by the operator, `resolve.compression_plan`).
+DECIDED = {"parent": "spec.source", "data.text": "spec.compression.data.path",
+           "data.heldout": "spec.compression.data.heldOutPath",
+           "target.gpu": "spec.compression.targetGPU",
+           "target.precision": "spec.quantization.precision",
+           "target.kvDtype": "spec.quantization.kvCacheDtype",
+           "target.batch": "spec.compression.batch or spec.deployment.pools",
+           "target.context": "spec.compression.contextLength",
+           "rounds": "spec.compression.rounds",
+           "target.requestTokensPerSecond": "spec.compression.requestTokensPerSecond",
+           "bld.tokens": "spec.compression.distillation.blockwiseTokens",
+           "gkd.tokens": "spec.compression.distillation.globalTokens",
+           "device": "the operator"}
 # Decided by spec.compression.data when it is set; planOverrides may tune them for the built-in text.
-DATA_DECIDED = {"data.textField": ("spec.compression.data.textField", "string"),
-                "data.heldoutEvery": ("spec.compression.data.heldOutEvery", "integer")}
+DATA_DECIDED = {"data.textField": "spec.compression.data.textField",
+                "data.heldoutEvery": "spec.compression.data.heldOutEvery"}
 
 
-def _overrides_set(paths: dict[str, tuple[str, str]]) -> str:
+def _overrides_set(paths: dict[str, str]) -> str:
     """CEL: one of `paths` (dotted, under planOverrides) is set."""
     def one(path: str) -> str:
         parts = path.split(".")
@@ -218,24 +221,42 @@ def _overrides_set(paths: dict[str, tuple[str, str]]) -> str:
     return " || ".join(f"({one(path)})" for path in paths)
 
 
-def decided_schema() -> dict[str, Any]:
-    """planOverrides' schema: any fields, and the ones the spec decides declared, so that CEL can see them."""
-    root: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True, "properties": {}}
-    for path, (decider, kind) in (DECIDED | DATA_DECIDED).items():
+MAX_OVERRIDE_STRING = 1024  # a plan's free strings (a model or text name, a device)
+# how deep planOverrides may nest, counting the object itself: the plan's deepest field is a list in a section
+# (library.ffnWidths); the schema refuses deeper, and so does the operator where it reads one stored before
+MAX_OVERRIDE_DEPTH = 3
+
+
+def overrides_schema() -> dict[str, Any]:
+    """planOverrides' schema: the plan's own (`Plan`), every field optional and without its default (the operator
+    merges what is set over what it derives), free strings bounded; the fields the spec decides say so, and
+    OVERRIDES_NOT_DECIDED refuses them. Typed to the leaf: nothing in it nests deeper than the plan does."""
+
+    def optional(node: dict[str, Any]) -> dict[str, Any]:
+        out = {key: value for key, value in node.items() if key not in ("required", "default")}
+        if "properties" in out:
+            out["properties"] = {name: optional(child) for name, child in out["properties"].items()}
+        if "items" in out:
+            out["items"] = optional(out["items"])
+        if out["type"] == "string" and "enum" not in out:
+            out.setdefault("maxLength", MAX_OVERRIDE_STRING)
+        return out
+
+    root = optional(structural(Plan))
+    del root["description"]  # the field's own says what planOverrides is
+    for path, decider in (DECIDED | DATA_DECIDED).items():
         node = root
         *parents, leaf = path.split(".")
         for part in parents:
-            node = node["properties"].setdefault(part, {
-                "type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {},
-                "description": f"The plan's {part} section: its fields the spec decides may not be set."})
-        node["properties"][leaf] = {"type": kind, "description": f"Set from {decider}; refused here."}
+            node = node["properties"][part]
+        node["properties"][leaf]["description"] = f"Set from {decider}; refused here."
     return root
 
 
 def decided_overrides(overrides: dict[str, Any], with_data: bool) -> list[str]:
     """What planOverrides sets that the spec decides, each with the spec field that does."""
     fixed = DECIDED | (DATA_DECIDED if with_data else {})
-    return sorted(f"planOverrides.{path} is set from {fixed[path][0]}" for path in fixed
+    return sorted(f"planOverrides.{path} is set from {fixed[path]}" for path in fixed
                   if _has_path(overrides, path.split(".")))
 
 
@@ -295,13 +316,17 @@ class CompressionSpec(ApiModel):
         default=4096, ge=256, le=10_000_000,
         description="Held-out tokens the quality gate (and the quantization report) compares child and parent on.")
     plan_overrides: dict[str, Any] | None = Field(
-        default=None, json_schema_extra=decided_schema(),
+        default=None, json_schema_extra=overrides_schema(),
         description="Advanced: fields of the compressor's plan (tailor.compressor.puzzle.plan.Plan, camelCase) "
         "merged over what Tailor derives from this spec, e.g. {library: {ffnWidths: [0.5]}, evalTokens: 8192}. "
-        "Checked by the operator; a field the plan does not know fails the object with reason InvalidPlan.")
+        "Typed as the plan is: a field it does not know is refused (strict field validation, kubectl's default) "
+        "or dropped by the API server; the merged plan is checked again by the operator (reason InvalidPlan).")
 
     @model_validator(mode="after")
     def _consistent_targets(self) -> CompressionSpec:
+        if self.plan_overrides and (depth := wire.nesting(self.plan_overrides)) > MAX_OVERRIDE_DEPTH:
+            raise ValueError(f"planOverrides nests {depth} levels deep where the plan's fields nest at most "
+                             f"{MAX_OVERRIDE_DEPTH} (planOverrides.library.ffnWidths)")
         if self.plan_overrides and (decided := decided_overrides(self.plan_overrides, self.data is not None)):
             raise ValueError("; ".join(decided))
         active, total = self.max_active_params_billions, self.max_total_params_billions

@@ -25,6 +25,7 @@ from tailor.operator import login, metrics, names
 from tailor.operator.api import API_VERSION, GROUP, PLURAL
 from tailor.operator.decision import PROGRESS_REQUEUE_S
 from tailor.operator.execute import DecideFailed, reconcile
+from tailor.operator.kopf_input import TenantProgress, read_bounded
 from tailor.operator.kube import Kube
 from tailor.operator.manifest import deployment_available, job_finished, owned_by, owner_uid
 from tailor.operator.rollout import REVISION_KINDS
@@ -77,8 +78,9 @@ def configure(settings: OperatorSettings, namespaces: tuple[str, ...] = ()) -> N
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    read_bounded()  # before kopf lists anything: no object it reads can stop it
     settings.persistence.finalizer = names.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.progress_storage = TenantProgress(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING  # the reconciler posts its own Events
     settings.watching.server_timeout = 300  # watches are restarted at least this often

@@ -8,7 +8,6 @@ Every request is counted per CompressedModel for the operator's metrics and the 
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import random
@@ -21,7 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tailor.operator import metrics, names
+from tailor.operator import metrics, names, wire
 from tailor.operator.api import API_VERSION, GROUP, PLURAL
 from tailor.operator.manifest import object_reference
 from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
@@ -92,7 +91,7 @@ class Kube:
         data = self._open(method, path, body, query, content_type).data
         if text:
             return data.decode(errors="replace") if data else ""
-        return json.loads(data) if data else None
+        return wire.loads(data) if data else None
 
     def pages(self, owner: str, path: str, query: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
         """A list read a page (PAGE items) at a time."""

@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import random
 import threading
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
-from tailor.operator import names
+from tailor.operator import names, wire
 
 if TYPE_CHECKING:
     from tailor.operator.kube import Kube
@@ -222,7 +221,7 @@ class Reflector:
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield wire.loads(line)
         except ProtocolError:  # the connection ended without the stream's last chunk: reopen where it was
             return
         finally:

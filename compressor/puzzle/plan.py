@@ -73,7 +73,8 @@ class Target(_Spec):
     active_params_billions: float | None = Field(None, gt=0, le=100_000,
                                                  description="At most this many active parameters per "
                                                              "token, in billions (into `activeParams`).")
-    costs: CostSource = CostSource.AUTO
+    costs: CostSource = Field(CostSource.AUTO, description="Where block costs come from: roofline (the GPU profile's "
+                              "cost model), measured (timed here), auto (measured on the cpu profile, else roofline).")
 
     @model_validator(mode="after")
     def _some_limit(self) -> Self:
@@ -142,7 +143,7 @@ class Training(_Spec):
     """A token budget and an optimiser setting for one training stage."""
 
     tokens: int = Field(gt=0, le=MAX_TOKENS)
-    lr: float = Field(gt=0, le=1.0)
+    lr: float = Field(gt=0, le=1.0, description="AdamW's learning rate.")
     batch: int = Field(8, gt=0, le=4096, description="Sequences per step.")
 
 
@@ -191,7 +192,7 @@ class Corpus(_Spec):
 class Data(Corpus):
     """The corpus and the sequence length Puzzle's stages cut it into."""
 
-    seq_len: int = Field(128, ge=16, le=MAX_CONTEXT)
+    seq_len: int = Field(128, ge=16, le=MAX_CONTEXT, description="Tokens per training sequence.")
 
 
 class Plan(_Spec):
@@ -238,7 +239,7 @@ class Plan(_Spec):
                                                     "what trains (whose weights stay float32). auto: bfloat16 "
                                                     "where the device has BF16 math (CUDA 8.0 on; a CPU with "
                                                     "AVX512_BF16 or AMX), else float32.")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds torch, BLD's variants and GKD's batches.")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     measure_tokens: int = Field(64, gt=0, le=100_000, description="Decode steps in the measured tokens/s figure.")
     measure_context: int = Field(2048, gt=0, le=MAX_CONTEXT,
