@@ -546,8 +546,8 @@ class NodePoolTarget(PodPlacement):
     (tolerations, nodeAffinity, priorityClassName), to the package and speed Jobs that run on its nodes."""
 
     name: DnsLabel = Field(description="Name of the pool; names the Deployment serving on it.")
-    node_selector: dict[str, str] = Field(
-        min_length=1, max_length=16,
+    node_selector: Annotated[dict[str, LabelValue], AfterValidator(_names)] = Field(
+        min_length=1, max_length=16, json_schema_extra=cel_rules(KEYS_ARE_NAMES),
         description="Labels that select the pool's nodes, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.")
     concurrency: Concurrency = Field(description="Concurrent requests the pool must hold.")
     startup_seconds: int | None = Field(

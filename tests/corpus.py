@@ -120,6 +120,8 @@ INVALID = [
          "spec.compression.planOverrides"),
     Case("plan-overrides-target-batch", _spec(compression={"planOverrides": {"target": {"batch": 64}}}),
          "spec.compression.planOverrides"),
+    Case("pool-node-selector-value-too-long", _spec(deployment={"pools": [{**POOL, "nodeSelector": {
+        "nvidia.com/gpu.product": "H" * 64}}]}), "spec.deployment.pools[0].nodeSelector"),
     Case("plan-overrides-nested-in-a-list", _spec(compression={"planOverrides": {"library": {"ffnWidths": [[0.5]]}}}),
          "spec.compression.planOverrides.library.ffnWidths"),
     Case("plan-overrides-unknown-nested", _spec(compression={"planOverrides": {"gkd": {"schedule": {"warmup": {}}}}}),

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import gzip
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +20,11 @@ from kubernetes import client
 
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
+from tailor.operator import api as model
+from tailor.operator import wire
 
 from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase
-from conftest import wait_for
+from conftest import REPO, wait_for
 
 COMPRESS_RESULT = RESULT_ANNOTATION.format(stage="compress")
 
@@ -364,4 +367,74 @@ def test_hostile_results_fail_their_objects_and_the_operator_serves_the_rest(
     peak_mib = int(next(line.split()[1] for line in Path(f"/proc/{operator.process.pid}/status").read_text()
                         .splitlines() if line.startswith("VmHWM:"))) / 1024
     assert peak_mib < 256, f"the operator peaked at {peak_mib:.0f} MiB"  # a hundred million blocks: gigabytes
+    assert "reconcile failed" not in operator.log_tail(200)
+
+
+PAST_THE_PARSER = 1500  # levels: Python's json raises RecursionError at about 1,000; the API server takes 10,000
+
+
+def _post_raw(kubectl: Any, namespace: str, body: str, validation: str) -> subprocess.CompletedProcess[str]:
+    """POST `body` as it is (the Python client cannot even encode it) through `kubectl create --raw`."""
+    path = (f"/apis/{model.GROUP}/{model.API_VERSION}/namespaces/{namespace}/{model.PLURAL}"
+            f"?fieldValidation={validation}")
+    return kubectl("create", "--raw", path, "-f", "-", stdin=body, check=False)  # type: ignore[no-any-return]
+
+
+def _deep_body(name: str) -> str:
+    """The H100 example with planOverrides nested PAST_THE_PARSER levels deep, as JSON text."""
+    body = {"apiVersion": f"{model.GROUP}/{model.API_VERSION}", "kind": model.KIND,
+            **example(name, published_results())}
+    body["spec"]["compression"]["planOverrides"] = {"library": "DEEP"}
+    return json.dumps(body).replace('"DEEP"', '{"a":' * PAST_THE_PARSER + "1" + "}" * PAST_THE_PARSER)
+
+
+def test_planoverrides_nested_past_the_parser_are_refused(api: client.ApiClient, namespace: str,
+                                                          kubectl: Any, crd: None) -> None:
+    """The CRD types planOverrides as the plan is: strict field validation refuses what nests past it, and
+    without it the API server drops it."""
+    refused = _post_raw(kubectl, namespace, _deep_body("deep"), "Strict")
+    assert refused.returncode != 0 and "spec.compression.planOverrides.library.a" in refused.stderr, refused.stderr
+    kept = _post_raw(kubectl, namespace, _deep_body("pruned"), "Ignore")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(kept.stdout)["spec"]["compression"]["planOverrides"] == {"library": {}}
+
+
+def _read(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as the operator reads it (`wire.loads`: what nests past 64 levels read as a string)."""
+    try:
+        response = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            model.GROUP, model.API_VERSION, namespace, model.PLURAL, name, _preload_content=False)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return wire.loads(response.data)  # type: ignore[no-any-return]
+
+
+def test_an_object_nested_past_the_parser_fails_alone_and_the_operator_serves_the_rest(
+        api: client.ApiClient, namespace: str, operator: Any, kubectl: Any) -> None:
+    """An object stored while planOverrides took anything (as the CRD of earlier releases let it, put back here
+    for the test): the operator reads it with what nests too deep cut, fails it (InvalidSpec) naming the field,
+    serves an honest object beside it, and neither exits nor restarts; deleting it runs its finalizer."""
+    objects = client.CustomObjectsApi(api)
+    field = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/compression/properties/planOverrides"
+    kubectl("patch", f"crd/{model.PLURAL}.{model.GROUP}", "--type=json", "-p", json.dumps([
+        {"op": "add", "path": f"{field}/x-kubernetes-preserve-unknown-fields", "value": True},
+        {"op": "add", "path": f"{field}/properties/library/x-kubernetes-preserve-unknown-fields", "value": True}]))
+    try:
+        wait_for("the deep object to be taken", lambda: _post_raw(
+            kubectl, namespace, _deep_body("deep"), "Strict").returncode == 0, timeout_s=30)
+        OBJECTS.create(objects, namespace, example("honest", published_results()))
+        failed = wait_for("the deep object to fail", lambda: (
+            (found := _read(api, namespace, "deep")) and (found.get("status") or {}).get("phase") == "Failed"
+            and found), timeout_s=90)
+        condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+        assert condition["reason"] == "InvalidSpec" and "planOverrides nests" in condition["message"], condition
+        wait_phase(objects, namespace, "honest", "Ready", operator)
+        assert operator.process.poll() is None, operator.log_tail()
+        kubectl("delete", model.PLURAL, "deep", "-n", namespace, "--timeout=60s")
+        assert _read(api, namespace, "deep") is None
+    finally:
+        kubectl("delete", model.PLURAL, "deep", "-n", namespace, "--ignore-not-found", "--timeout=60s", check=False)
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "compressedmodel.yaml"))
     assert "reconcile failed" not in operator.log_tail(200)
