@@ -24,7 +24,7 @@ def read_bounded() -> None:
     """kopf reads lists and watch events with `wire.loads`: its API module's `json.loads` (watch streams) and
     aiohttp's `ClientResponse.json` (lists and single objects), which kopf calls with aiohttp's default decoder.
     Both are kopf's and aiohttp's internals: `test_operator_wire` checks that they are still where this looks."""
-    kopf_api.json = types.SimpleNamespace(loads=wire.loads, dumps=json.dumps)  # type: ignore[assignment]
+    setattr(kopf_api, "json", types.SimpleNamespace(loads=wire.loads, dumps=json.dumps))  # noqa: B010
     aiohttp.ClientResponse.json = functools.partialmethod(  # type: ignore[assignment,method-assign]
         _json_of_response, loads=wire.loads)
 

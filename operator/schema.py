@@ -33,10 +33,11 @@ def _node(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         return _node({**options[0], **rest}, defs)
 
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEPT}
-    if "exclusiveMinimum" in node:
-        out["minimum"], out["exclusiveMinimum"] = node["exclusiveMinimum"], True
-    if "exclusiveMaximum" in node:
-        out["maximum"], out["exclusiveMaximum"] = node["exclusiveMaximum"], True
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(exclusive), bool):  # structural already: a schema given whole (planOverrides')
+            out[exclusive] = node[exclusive]
+        elif exclusive in node:
+            out[bound], out[exclusive] = node[exclusive], True
     if "const" in node:
         out["enum"] = [node["const"]]
     if "properties" in node:

@@ -146,6 +146,7 @@ def test_plan_overrides_are_typed_to_the_leaf_in_the_crd() -> None:
     assert not any("required" in node or "default" in node for node, _ in found)
     assert all("maxLength" in node or "enum" in node for node, _ in found if node["type"] == "string")
     assert all(node["type"] != "object" or node.get("properties") for node, _ in found)  # no free-form map
+    assert not any(isinstance(node.get(bound), bool) for node, _ in found for bound in ("minimum", "maximum"))
 
 
 def test_plan_overrides_nested_past_the_plan_fail_the_spec() -> None:
