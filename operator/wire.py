@@ -4,7 +4,7 @@ The API server stores objects nested up to 10,000 levels where a schema lets the
 RecursionError at about 1,000 and `copy.deepcopy` at about 500, and one such object in a list or a watch event
 would fail every list of its namespace, and kopf's watch with it (the operator exits). `loads` reads every value
 nested deeper than MAX_DEPTH as the string TOO_DEEP instead: the object keeps its name and uid, the spec's own
-validation fails it (`api.CompressionSpec`), and every other object is read as it is. `handlers.read_bounded`
+validation fails it (`api.CompressionSpec`), and every other object is read as it is. `kopf_input.read_bounded`
 makes kopf read the API server's answers so.
 """
 
