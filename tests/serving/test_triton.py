@@ -91,8 +91,11 @@ def test_metrics_count_requests_and_the_queue(server: RunningServer) -> None:
 
 
 def _rejects(server: RunningServer, tensors: list[httpclient.InferInput], message: str) -> None:
-    http = httpclient.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match=message) as raised:
+    """Closes its client here: the failure's traceback holds this frame in a cycle, so an unclosed client would
+    be closed by whichever thread next runs the garbage collector, and tritonclient's gevent pool cannot be
+    closed from a thread without its hub (CI saw 7 such clients fail a later test's worker threads)."""
+    with httpclient.InferenceServerClient(server.http_url) as http, \
+            pytest.raises(InferenceServerException, match=message) as raised:
         http.infer(NAME, tensors)
     assert raised.value.status() == "400"
 
