@@ -73,3 +73,9 @@ class Refused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason, self.message = reason, message
+
+
+def owned_elsewhere(kind: str, name: str, uid: str) -> Refused:
+    """A name the operator derives for CompressedModel `uid` is taken by an object that is not its own."""
+    return Refused(Reason.OWNED_ELSEWHERE, f"{kind} {name} exists and is not this CompressedModel's (uid {uid}); "
+                                           "delete or rename it")

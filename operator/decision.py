@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tailor.operator import names
 from tailor.operator.api import BuildStatus, CompressedModelStatus, Phase, StageName, StageProgress
-from tailor.operator.conditions import FAILED, READY, Reason, Refused, set_condition, without
+from tailor.operator.conditions import FAILED, READY, Reason, owned_elsewhere, set_condition, without
 from tailor.operator.manifest import owned_by, owned_metadata
 from tailor.operator.observe import Observed
 from tailor.operator.settings import OperatorSettings
@@ -169,8 +169,7 @@ class Pass:
         """The object of that name if this CompressedModel owns it; refused if someone else does."""
         found = self.world.of(kind).get(name)
         if found is not None and not owned_by(found, self.uid):
-            raise Refused(Reason.OWNED_ELSEWHERE, f"{kind} {name} exists and is not this CompressedModel's "
-                                                  f"(uid {self.uid}); delete or rename it")
+            raise owned_elsewhere(kind, name, self.uid)
         return found
 
     def mine(self, kind: str) -> list[dict[str, Any]]:

@@ -6,10 +6,12 @@ A pass that raises while deciding (a bug, or an object's data no check caught: `
 data fails the same way) is tried `MAX_DECIDE_TRIES` times running, then the object is failed with reason
 Undecidable and the error, instead of being retried forever behind a log line.
 
-A write the API server refuses with a 4xx (other than 404 on a delete and 409 on a create, which mean the
-work is already done) ends the generation in `Failed` with reason ApiRejected, naming the object and the
-server's message; the operator never retries a refusal in a silent loop. 5xx and throttling are retried by
-`Kube` and then by the daemon's backoff.
+A create or patch that finds another's object of its name fails the generation with reason OwnedElsewhere
+(`Kube` checks every write's target; the next pass tries again, so removing that object lets the model go on).
+A write the API server refuses with a 4xx (other than 404 on a delete and 409 on a create of the object's own,
+which mean the work is already done) ends the generation in `Failed` with reason ApiRejected, naming the object
+and the server's message; the operator never retries a refusal in a silent loop. 5xx and throttling are
+retried by `Kube` and then by the daemon's backoff.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tailor.operator.conditions import Reason
+from tailor.operator.conditions import Reason, Refused
 from tailor.operator.decide import decide
 from tailor.operator.decision import Create, Decision, Delete, Pass, Patch, read_status
 from tailor.operator.kube import Kube
@@ -59,10 +61,13 @@ def apply(kube: Kube, world: Observed, decision: Decision, settings: OperatorSet
                 if isinstance(action, Create):
                     kube.create(owner, action.manifest)
                 elif isinstance(action, Delete):
-                    kube.delete(owner, action.kind, namespace, action.name)
+                    kube.delete(owner, action.kind, namespace, action.name, meta["uid"])
                 elif isinstance(action, Patch):
-                    kube.merge_patch(owner, action.kind, namespace, action.name, action.patch)
+                    kube.merge_patch(owner, action.kind, namespace, action.name, action.patch, meta["uid"])
                 continue
+            except Refused as refused:  # a name taken by another's object: not memoized, it may be removed
+                return Pass(world, settings, decision.status, events=decision.events).fail(refused.reason,
+                                                                                            refused.message)
             except ApiException as error:
                 if error.status is None or not 400 <= error.status < 500:
                     raise

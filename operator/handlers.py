@@ -179,12 +179,10 @@ def on_delete(*, body: kopf.Body, name: str, namespace: str | None, uid: str, lo
         for item in kube.select(owner, kind, namespace, selector):
             if owned_by(item, uid):  # a revision's PDB and HPA share its name
                 for doomed in REVISION_KINDS if kind == "Deployment" else (kind,):
-                    kube.delete(owner, doomed, namespace, item["metadata"]["name"])
+                    kube.delete(owner, doomed, namespace, item["metadata"]["name"], uid)
     storage = (body.get("spec") or {}).get("storage") or {}
     claim = names.claim_name(name)
-    if storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim"):
-        found = kube.get(owner, "PersistentVolumeClaim", namespace, claim)
-        if found is not None and owned_by(found, uid) and kube.delete(owner, "PersistentVolumeClaim", namespace,
-                                                                      claim):
-            logger.info(f"deleted PersistentVolumeClaim {claim} (deletionPolicy Delete)")
+    if (storage.get("deletionPolicy") == "Delete" and not storage.get("existingClaim")
+            and kube.delete(owner, "PersistentVolumeClaim", namespace, claim, uid)):
+        logger.info(f"deleted PersistentVolumeClaim {claim} (deletionPolicy Delete)")
     kube.requests.pop(owner, None)

@@ -1,9 +1,11 @@
 """The few Kubernetes calls the reconciler makes, on the official client, with the semantics it needs:
-creates that take an existing object as done (the next pass observes it and checks its owner), reads
-that return None for a missing object, lists by label, deletes that ignore one already gone, and transient
-errors retried with backoff. Given a watch cache (`watchcache.Store`), reads of the kinds it holds are served from
-it once it has listed them, and the operator's writes go into it as the server answers them.
-Every request is counted per CompressedModel for the operator's metrics and the benchmark.
+reads that return None for a missing object, lists by label, and transient errors retried with backoff.
+Every write is to an object the CompressedModel owns (by owner reference or uid label): a create that finds its
+own object there takes it as done, and one that finds another's raises Refused (OwnedElsewhere); a delete leaves
+another's object alone; a patch of another's is refused. Deletes and patches carry the uid of the object they
+checked, so one replaced in between is not touched either. Given a watch cache (`watchcache.Store`), reads of
+the kinds it holds are served from it once it has listed them, and the operator's writes go into it as the
+server answers them. Every request is counted per CompressedModel for the operator's metrics and the benchmark.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import metrics, names, wire
 from tailor.operator.api import API_VERSION, GROUP, PLURAL
-from tailor.operator.manifest import object_reference
+from tailor.operator.conditions import owned_elsewhere
+from tailor.operator.manifest import object_reference, owned_by, owner_uid
 from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
 from tailor.operator.watchcache import CACHED, Store
 
@@ -60,7 +63,8 @@ class Kube:
 
     def _call(self, owner: str, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
               content_type: str = "application/json") -> Any:
-        """One request, retried with jittered backoff on conflicts, throttling and server errors."""
+        """One request, retried with jittered backoff on conflicts, throttling and server errors. A conflict is an
+        answer to a create (the name is taken) and to a delete (its uid precondition failed), not retried."""
         for attempt in range(ATTEMPTS):
             self.requests[owner] += 1
             metrics.API_REQUESTS.inc()
@@ -68,7 +72,7 @@ class Kube:
                 return self._request(method, path, body, query or [], content_type)
             except ApiException as error:
                 if error.status not in RETRIED_STATUS or attempt == ATTEMPTS - 1 or (
-                        error.status == 409 and method == "POST"):
+                        error.status == 409 and method in ("POST", "DELETE")):
                     raise
                 time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
@@ -124,10 +128,11 @@ class Kube:
     def _cached_kind(self, kind: str, namespace: str) -> Store | None:
         return self.cache if self.cache is not None and self.cache.synced(kind, namespace) else None
 
-    def get(self, owner: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, owner: str, kind: str, namespace: str, name: str, fresh: bool = False) -> dict[str, Any] | None:
         """The object, from the cache where it holds it (one it does not hold yet, such as a CompressedModel
-        kopf saw first, is read from the server)."""
-        if (cache := self._cached_kind(kind, namespace)) is not None and (held := cache.get(kind, namespace, name)):
+        kopf saw first, is read from the server); `fresh`: from the server."""
+        if (not fresh and (cache := self._cached_kind(kind, namespace)) is not None
+                and (held := cache.get(kind, namespace, name))):
             return held
         try:
             found: dict[str, Any] = self._call(owner, "GET", self.path(kind, namespace, name))
@@ -168,8 +173,46 @@ class Kube:
         return found
 
     def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Create `manifest`; None when an object of that name already exists. A ServiceAccount (shared by the
-        namespace's models, created with each of their Jobs) seen in the last SHARED_TTL_S is taken as there."""
+        """Create `manifest`; None when its CompressedModel's object of that name is there already. One there that
+        the manifest's CompressedModel does not own raises Refused (OwnedElsewhere); a manifest owned by none (the
+        namespace's shared ServiceAccount) is taken as there whoever made it."""
+        created = self._post(owner, manifest)
+        meta = manifest["metadata"]
+        if created is None and (uid := owner_uid(manifest)) is not None:
+            found = self.get(owner, manifest["kind"], meta["namespace"], meta["name"])
+            if found is not None and not owned_by(found, uid):
+                raise owned_elsewhere(manifest["kind"], meta["name"], uid)
+        return created
+
+    def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any], uid: str
+                    ) -> None:
+        """Merge `patch` into CompressedModel `uid`'s object of that name (read from the server, not the cache);
+        another's raises Refused (OwnedElsewhere). The patch carries the object's uid, which the API server
+        refuses to change: an object replaced in between is not patched."""
+        found = self.get(owner, kind, namespace, name, fresh=True)
+        if found is not None and not owned_by(found, uid):
+            raise owned_elsewhere(kind, name, uid)
+        if found is not None:
+            patch = {**patch, "metadata": {**patch.get("metadata", {}), "uid": found["metadata"]["uid"]}}
+        self._patch(owner, kind, namespace, name, patch)
+
+    def delete(self, owner: str, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Delete CompressedModel `uid`'s object of that name (children in the background); False when there is
+        none: gone already, or another's, which is left alone. The delete's precondition is the uid of the object
+        checked, so one replaced in between is left alone too."""
+        found = self.get(owner, kind, namespace, name)
+        if found is None:
+            return False
+        if not owned_by(found, uid):
+            LOG.info("left %s %s/%s alone: it is not CompressedModel %s's", kind, namespace, name, uid)
+            return False
+        return self._delete(owner, kind, namespace, name, found["metadata"]["uid"])
+
+    # --- the requests behind create, merge_patch and delete (a test's fake answers these) -------------
+
+    def _post(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """POST `manifest`; None when its name is taken. A ServiceAccount (shared by the namespace's models,
+        created with each of their Jobs) seen in the last SHARED_TTL_S is taken as there without asking."""
         meta = manifest["metadata"]
         shared = (meta["namespace"], meta["name"]) if manifest["kind"] == "ServiceAccount" else None
         if shared is not None and time.monotonic() - self._shared.get(shared, -SHARED_TTL_S) < SHARED_TTL_S:
@@ -185,18 +228,18 @@ class Kube:
             self._shared[shared] = time.monotonic()
         return created
 
-    def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    def _patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._remember(kind, self._call(owner, "PATCH", self.path(kind, namespace, name), patch,
                                         content_type="application/merge-patch+json"))
 
-    def delete(self, owner: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete (children in the background); False when it was already gone."""
+    def _delete(self, owner: str, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """DELETE the object of that name if its uid is `uid`; False when it is gone or another has the name."""
         try:
             self._call(owner, "DELETE", self.path(kind, namespace, name),
-                       {"propagationPolicy": "Background"})
+                       {"propagationPolicy": "Background", "preconditions": {"uid": uid}})
             deleted = True
         except ApiException as error:
-            if error.status != 404:
+            if error.status not in (404, 409):
                 raise
             deleted = False
         if self.cache is not None:

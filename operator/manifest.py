@@ -74,9 +74,10 @@ def owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def owner_uid(obj: dict[str, Any]) -> str | None:
-    """The uid of the CompressedModel that `obj` names as its owner, if any."""
-    return next((ref.get("uid") for ref in obj.get("metadata", {}).get("ownerReferences", [])
-                 if ref.get("kind") == KIND), None)
+    """The uid of the CompressedModel that `obj` names as its owner (by owner reference or uid label), if any."""
+    meta = obj.get("metadata", {})
+    return next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("kind") == KIND),
+                (meta.get("labels") or {}).get(names.MODEL_UID))
 
 
 # --- pods ----------------------------------------------------------------------------------------

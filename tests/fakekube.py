@@ -1,8 +1,9 @@
 """A dict-backed stand-in for the Kubernetes API, for the operator's unit tests: a FAKE, said so. It keeps
-objects by kind, namespace and name, answers the calls the reconciler makes (`tailor.operator.kube.Kube`)
-with the API server's semantics that matter to it (409 on a second create, 404 as None, label selection,
-merge patches, uid and generation), and lets a test play the controllers: finish a Job with a result, make a
-revision available, stall it, take nodes away, refuse a write. The devcluster tests are the real thing.
+objects by kind, namespace and name, answers the requests the reconciler makes (`tailor.operator.kube.Kube`,
+whose ownership checks run unchanged on top) with the API server's semantics that matter to it (409 on a
+second create, 404 as None, label selection, merge patches, uid preconditions and generation), and lets a test
+play the controllers: finish a Job with a result, make a revision available, stall it, take nodes away, refuse
+a write. The devcluster tests are the real thing.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class FakeKube(Kube):
             status, message = self.refusals[(verb, kind)]
             raise ApiException(status=status, reason="Refused", body=json.dumps({"message": message}))
 
-    def get(self, owner: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, owner: str, kind: str, namespace: str, name: str, fresh: bool = False) -> dict[str, Any] | None:
         self.requests[owner] += 1
         found = self.store.get((kind, namespace, name))
         return copy.deepcopy(found) if found is not None else None
@@ -81,7 +82,7 @@ class FakeKube(Kube):
                 if k == kind and ns == namespace
                 and all((o["metadata"].get("labels") or {}).get(key) == value for key, value in labels.items())]
 
-    def create(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    def _post(self, owner: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
         self.requests[owner] += 1
         meta = manifest["metadata"]
         self._refuse("create", manifest["kind"], meta["name"])
@@ -95,21 +96,24 @@ class FakeKube(Kube):
         self.store[key] = stored
         return copy.deepcopy(stored)
 
-    def merge_patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    def _patch(self, owner: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.requests[owner] += 1
         self._refuse("patch", kind, name)
-        self.writes.append(("patch", kind, name))
         target = self.store[(kind, namespace, name)]
+        if patch.get("metadata", {}).get("uid", target["metadata"]["uid"]) != target["metadata"]["uid"]:
+            raise ApiException(status=422, reason="Invalid", body=json.dumps({"message": "metadata.uid: Invalid "
+                                                                              "value: field is immutable"}))
+        self.writes.append(("patch", kind, name))
         _apply(target, patch)
         if "spec" in patch:
             target["metadata"]["generation"] += 1
 
-    def delete(self, owner: str, kind: str, namespace: str, name: str) -> bool:
+    def _delete(self, owner: str, kind: str, namespace: str, name: str, uid: str) -> bool:
         self.requests[owner] += 1
         self._refuse("delete", kind, name)
-        gone = self.store.pop((kind, namespace, name), None)
-        if gone is None:
-            return False
+        if (self.store.get((kind, namespace, name)) or {"metadata": {}})["metadata"].get("uid", "") != uid:
+            return False  # gone, or another object of that name (the precondition failed)
+        gone = self.store.pop((kind, namespace, name))
         self.writes.append(("delete", kind, name))
         uid = gone["metadata"]["uid"]  # the garbage collector: what it owned goes with it
         for key, obj in list(self.store.items()):
@@ -159,7 +163,18 @@ class FakeKube(Kube):
         return created
 
     def update_spec(self, name: str, patch: dict[str, Any], namespace: str = "ns") -> None:
-        self.merge_patch("test", "CompressedModel", namespace, name, {"spec": patch})
+        self.patch("test", "CompressedModel", namespace, name, {"spec": patch})
+
+    def patch(self, actor: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch as a user or a controller sends it: no ownership check (the operator's own go through
+        `merge_patch`)."""
+        self._patch(actor, kind, namespace, name, patch)
+
+    def remove(self, actor: str, kind: str, namespace: str, name: str) -> bool:
+        """A delete as a user or a controller sends it, whoever owns the object (the operator's go through
+        `delete`)."""
+        found = self.store.get((kind, namespace, name))
+        return found is not None and self._delete(actor, kind, namespace, name, found["metadata"].get("uid", ""))
 
     def model(self, name: str, namespace: str = "ns") -> dict[str, Any]:
         return self.store[("CompressedModel", namespace, name)]

@@ -21,7 +21,7 @@ from kubernetes import client
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import api as model
-from tailor.operator import wire
+from tailor.operator import names, wire
 
 from cmodels import OBJECTS, cmodel, events, h100_example, jobs, wait_phase
 from conftest import REPO, wait_for
@@ -203,8 +203,8 @@ def test_update_during_deploying_and_two_objects(api: client.ApiClient, namespac
     a = wait_phase(objects, namespace, "a", "Ready", operator, generation=2)
     b = wait_phase(objects, namespace, "b", "Ready", operator)
     assert a["status"]["servingGeneration"] == 2 and b["status"]["servingGeneration"] == 1
-    names = sorted(d.metadata.name for d in apps.list_namespaced_deployment(namespace).items)
-    assert names == ["a-h100-g2", "b-h100-g1"]
+    deployed = sorted(d.metadata.name for d in apps.list_namespaced_deployment(namespace).items)
+    assert deployed == ["a-h100-g2", "b-h100-g1"]
     assert all(d.spec.replicas == 3 for d in apps.list_namespaced_deployment(namespace).items)
 
 
@@ -437,4 +437,64 @@ def test_an_object_nested_past_the_parser_fails_alone_and_the_operator_serves_th
     finally:
         kubectl("delete", model.PLURAL, "deep", "-n", namespace, "--ignore-not-found", "--timeout=60s", check=False)
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "compressedmodel.yaml"))
+    assert "reconcile failed" not in operator.log_tail(200)
+
+
+def _admins_objects() -> dict[str, dict[str, Any]]:
+    """A namespace admin's own objects, each named as the operator names one of a CompressedModel's (the model is
+    the key): the operator must neither take them for its own nor delete or change them."""
+    web = {"matchLabels": {"app": "web"}}
+    return {
+        "np": {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": names.ingress_policy_name("np")},
+               "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}},  # the admin's default-deny
+        "svc": {"apiVersion": "v1", "kind": "Service", "metadata": {"name": names.service_name("svc", "h100")},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}},
+        "pdb": {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": names.revision_name("pdb", "h100", 1)},
+                "spec": {"minAvailable": 1, "selector": web}},
+        "hpa": {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": names.revision_name("hpa", "h100", 1)},
+                "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+                         "minReplicas": 1, "maxReplicas": 2}},
+        "cm": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": names.plan_name("cm", 1)},
+               "data": {"owner": "admin"}},
+        "pvc": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": names.claim_name("pvc")},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
+    }
+
+
+def _as_found(kubectl: Any, namespace: str, kind: str, name: str) -> tuple[str, list[Any], Any]:
+    """An object's uid, owner references and spec (or data) as the API server has it; a claim's volume, which the
+    volume controller binds whenever it comes to it, left out."""
+    found = json.loads(kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout)
+    content = {key: value for key, value in found.get("spec", found.get("data")).items() if key != "volumeName"}
+    return found["metadata"]["uid"], found["metadata"].get("ownerReferences") or [], content
+
+
+def test_objects_named_like_a_models_are_never_taken_changed_or_deleted(
+        api: client.ApiClient, namespace: str, operator: Any, kubectl: Any) -> None:
+    """Each model finds another's object where one of its own would go: it fails (OwnedElsewhere) naming it, and
+    neither that failure, nor removing the deployment, nor deleting the model touches the admin's object."""
+    objects = client.CustomObjectsApi(api)
+    admins = _admins_objects()
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                   "items": list(admins.values())}))
+    before = {model_name: _as_found(kubectl, namespace, o["kind"], o["metadata"]["name"])
+              for model_name, o in admins.items()}
+    for model_name in admins:
+        OBJECTS.create(objects, namespace, example(model_name, published_results()))
+    for model_name, theirs in admins.items():
+        failed = wait_phase(objects, namespace, model_name, "Failed", operator)
+        condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+        said = f"{theirs['kind']} {theirs['metadata']['name']} exists and"
+        assert condition["reason"] == "OwnedElsewhere" and said in condition["message"], condition
+    OBJECTS.patch(objects, namespace, "np", {"spec": {"deployment": None}})  # serving goes: its policies with it
+    wait_phase(objects, namespace, "np", "Ready", operator, generation=2)
+    for model_name in admins:
+        OBJECTS.delete(objects, namespace, model_name)
+    wait_for("the models to go", lambda: not any(cmodel(objects, namespace, m) for m in admins), timeout_s=60)
+    after = {model_name: _as_found(kubectl, namespace, o["kind"], o["metadata"]["name"])
+             for model_name, o in admins.items()}
+    assert after == before
     assert "reconcile failed" not in operator.log_tail(200)

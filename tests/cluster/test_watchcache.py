@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes import client
 
-from tailor.operator import watchcache
+from tailor.operator import names, watchcache
 from tailor.operator.kube import Kube
 from tailor.operator.watchcache import Reflector, Store
 
@@ -43,7 +43,9 @@ def test_the_cache_follows_the_server_and_the_operators_writes(api: client.ApiCl
     assert kube.select("o", "ConfigMap", namespace, LABELS)[0]["metadata"]["name"] == "before"
     assert kube.requests["o"] == 0  # read from the cache
 
-    kube.create("o", config_map("written", namespace, "2"))
+    written = config_map("written", namespace, "2")
+    written["metadata"]["labels"] = {**LABELS, names.MODEL_UID: "u1"}  # the operator deletes only its model's
+    kube.create("o", written)
     assert store.get("ConfigMap", namespace, "written") is not None  # at once, before its watch event
     core.patch_namespaced_config_map("before", namespace, {"data": {"k": "3"}})  # another writer's change
     wait_for("another writer's change", lambda: ("MODIFIED", "before", "3") in seen, timeout_s=30)
@@ -51,7 +53,7 @@ def test_the_cache_follows_the_server_and_the_operators_writes(api: client.ApiCl
     unlabelled = config_map("unlabelled", namespace, "4")
     unlabelled["metadata"]["labels"] = {}
     core.create_namespaced_config_map(namespace, unlabelled)
-    kube.delete("o", "ConfigMap", namespace, "written")
+    assert kube.delete("o", "ConfigMap", namespace, "written", "u1")
     assert store.get("ConfigMap", namespace, "written") is None
     time.sleep(3 * watchcache.WATCH_TIMEOUT_S)  # the server has ended the watch at least once
     patched = core.patch_namespaced_config_map("before", namespace, {"data": {"k": "5"}})

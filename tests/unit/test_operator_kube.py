@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tailor.operator import kube as kube_module
+from tailor.operator.conditions import Refused
 from tailor.operator.kube import Kube
 
 
@@ -24,6 +25,7 @@ class Script:
     def __init__(self) -> None:
         self.answers: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
         self.seen: list[tuple[str, str]] = []
+        self.bodies: list[Any] = []  # each request's JSON body (None without one)
 
 
 @pytest.fixture
@@ -35,6 +37,8 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Kube, Script]]:
         def _answer(self) -> None:
             key = (self.command, self.path.split("?")[0])
             script.seen.append(key)
+            length = int(self.headers.get("Content-Length") or 0)
+            script.bodies.append(json.loads(self.rfile.read(length)) if length else None)
             queue = script.answers.get(key, [(404, {"kind": "Status", "code": 404})])
             status, body = queue.pop(0) if len(queue) > 1 else queue[0]
             data = json.dumps(body).encode()
@@ -76,14 +80,46 @@ def test_a_persistent_error_is_raised_after_the_last_attempt(server: tuple[Kube,
     assert error.value.status == 500 and kube.requests["ns/m"] == kube_module.ATTEMPTS
 
 
-def test_a_create_that_finds_the_object_there_and_missing_reads_are_none(server: tuple[Kube, Script]) -> None:
+def owned(uid: str | None, object_uid: str = "o1") -> dict[str, Any]:
+    """Job j as the API server has it, owned by CompressedModel `uid` (None: by no CompressedModel)."""
+    refs = [] if uid is None else [{"kind": "CompressedModel", "uid": uid}]
+    return {"metadata": {"name": "j", "namespace": "ns", "uid": object_uid, "ownerReferences": refs}}
+
+
+def test_a_create_that_finds_its_own_object_takes_it_and_another_s_is_refused(server: tuple[Kube, Script]) -> None:
     kube, script = server
-    manifest = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"}}
+    manifest = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "j", "namespace": "ns", "ownerReferences": [{"kind": "CompressedModel", "uid": "u1"}]}}
     script.answers[("POST", JOB)] = [(409, {"reason": "AlreadyExists"})]
-    assert kube.create("ns/m", manifest) is None  # the next pass observes it (and checks its owner)
-    assert script.seen == [("POST", JOB)]  # a 409 on create is an answer, not retried
+    script.answers[("GET", f"{JOB}/j")] = [(200, owned("u1")), (200, owned(None))]
+    assert kube.create("ns/m", manifest) is None
+    assert script.seen == [("POST", JOB), ("GET", f"{JOB}/j")]  # a 409 on create is an answer, not retried
+    with pytest.raises(Refused) as refused:
+        kube.create("ns/m", manifest)  # a namespace admin's Job of that name
+    assert refused.value.reason == "OwnedElsewhere" and "Job j exists and is not this" in refused.value.message
     assert kube.get("ns/m", "Job", "ns", "other") is None
-    assert kube.delete("ns/m", "Job", "ns", "other") is False
+    assert kube.delete("ns/m", "Job", "ns", "other", "u1") is False
+
+
+def test_deletes_and_patches_touch_only_the_models_own_object(server: tuple[Kube, Script]) -> None:
+    """Another's object is left alone (no DELETE or PATCH is sent); the model's own is deleted or patched with its
+    uid as a precondition, and a delete whose precondition fails (the name now another object's) is an answer."""
+    kube, script = server
+    script.answers[("GET", f"{JOB}/j")] = [(200, owned("u2"))]
+    assert kube.delete("ns/m", "Job", "ns", "j", "u1") is False
+    with pytest.raises(Refused, match="Job j exists and is not this CompressedModel's"):
+        kube.merge_patch("ns/m", "Job", "ns", "j", {"spec": {"suspend": False}}, "u1")
+    assert {method for method, _ in script.seen} == {"GET"}
+
+    script.answers[("GET", f"{JOB}/j")] = [(200, owned("u1", "o7"))]
+    script.answers[("DELETE", f"{JOB}/j")] = [(409, {"reason": "Conflict"})]
+    script.answers[("PATCH", f"{JOB}/j")] = [(200, owned("u1", "o7"))]
+    assert kube.delete("ns/m", "Job", "ns", "j", "u1") is False
+    assert script.seen.count(("DELETE", f"{JOB}/j")) == 1  # not retried
+    assert script.bodies[script.seen.index(("DELETE", f"{JOB}/j"))]["preconditions"] == {"uid": "o7"}
+    kube.merge_patch("ns/m", "Job", "ns", "j", {"spec": {"suspend": False}}, "u1")
+    assert script.bodies[script.seen.index(("PATCH", f"{JOB}/j"))] == {"spec": {"suspend": False},
+                                                                       "metadata": {"uid": "o7"}}
 
 
 def test_a_namespace_service_account_is_created_once_per_while(server: tuple[Kube, Script],

@@ -908,7 +908,7 @@ def test_a_revision_with_no_room_to_schedule_is_tried_again_once_the_pool_has_fr
     for _ in range(3):  # no room yet: no new revision
         assert step(kube).phase == "Failed" and "m-h100-g2" not in kube.names("Deployment")
     for node in h100s:  # the training is done
-        kube.delete("test", "Pod", "other", f"train-{node}")
+        kube.remove("test", "Pod", "other", f"train-{node}")
     assert step(kube).phase == "Deploying" and "m-h100-g2" in kube.names("Deployment")
     assert any(reason == "RevisionRetried" for _, reason, _ in kube.events)
 
@@ -926,21 +926,49 @@ def test_objects_of_another_owner_are_never_adopted(kube: FakeKube) -> None:
     assert condition["reason"] == "OwnedElsewhere" and "Job m-g1-compress" in condition["message"]
     (compress,) = [s for s in kube.status("m")["stages"] if s["name"] == "Compress"]
     assert (compress["state"], compress["reason"]) == ("Pending", "OwnedElsewhere")
-    kube.delete("test", "Job", "ns", "m-g1-compress")  # its owner removes it: the build goes on, with its own Job
+    kube.remove("test", "Job", "ns", "m-g1-compress")  # its owner removes it: the build goes on, with its own Job
     assert step(kube).phase == "Compressing"
     job, model = kube.get("test", "Job", "ns", "m-g1-compress"), kube.get("test", "CompressedModel", "ns", "m")
     assert job is not None and model is not None and owned_by(job, model["metadata"]["uid"])
 
 
+ADMINS_POLICY = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",  # found only by a create's 409
+                 "metadata": {"name": "m-ingress", "namespace": "ns"}, "spec": {"podSelector": {}}}
+
+
+def test_a_name_another_object_holds_fails_the_model_and_that_object_is_left_alone(kube: FakeKube) -> None:
+    """The namespace admin's NetworkPolicy where the model's ingress policy goes: the model fails naming it, and
+    neither that nor removing the deployment takes, changes or deletes it."""
+    kube.create("admin", ADMINS_POLICY)
+    kube.apply(manifest())
+    drive(kube, "Failed")
+    condition = kube.condition("m", "Failed")
+    assert condition["reason"] == "OwnedElsewhere" and "NetworkPolicy m-ingress exists" in condition["message"]
+    theirs = copy.deepcopy(kube.obj("NetworkPolicy", "m-ingress"))
+    kube.update_spec("m", {"deployment": None})
+    drive(kube, "Ready")
+    assert kube.obj("NetworkPolicy", "m-ingress") == theirs and "m-no-egress" not in kube.names("NetworkPolicy")
+
+
+def test_a_model_refused_a_name_goes_on_once_that_object_is_removed(kube: FakeKube) -> None:
+    kube.create("admin", ADMINS_POLICY)
+    kube.apply(manifest())
+    drive(kube, "Failed")
+    kube.remove("admin", "NetworkPolicy", "ns", "m-ingress")
+    drive(kube, "Ready")
+    assert owned_by(kube.obj("NetworkPolicy", "m-ingress"), kube.model("m")["metadata"]["uid"])
+    assert "Failed" not in {c["type"] for c in kube.status("m")["conditions"]}
+
+
 def test_a_claim_left_by_an_earlier_object_of_the_same_name_is_not_adopted(kube: FakeKube) -> None:
     kube.apply(manifest())
     drive(kube, "Ready")
-    kube.delete("test", "CompressedModel", "ns", "m")  # deletionPolicy Retain: the claim stays
+    kube.remove("test", "CompressedModel", "ns", "m")  # deletionPolicy Retain: the claim stays
     kube.apply(manifest())
     assert step(kube).phase == "Failed"
     assert kube.condition("m", "Failed")["reason"] == "OwnedElsewhere"
     assert "PersistentVolumeClaim m-artifacts" in kube.condition("m", "Failed")["message"]
-    kube.delete("test", "PersistentVolumeClaim", "ns", "m-artifacts")  # the old build's claim goes: a new one
+    kube.remove("test", "PersistentVolumeClaim", "ns", "m-artifacts")  # the old build's claim goes: a new one
     assert step(kube).phase != "Failed" and "m-artifacts" in kube.names("PersistentVolumeClaim")
 
 
@@ -1284,7 +1312,7 @@ def test_a_stage_that_cannot_start_says_why_kueue_or_the_scheduler(kube: FakeKub
     assert (compress["state"], compress["reason"], compress["message"]) == (
         "Pending", "Queued", f"waiting in Kueue LocalQueue gpu-builds: {quota}")
     # admitted: Kueue unsuspends it, and the scheduler finds no node
-    kube.merge_patch("kueue", "Job", "ns", job, {"spec": {"suspend": False}})
+    kube.patch("kueue", "Job", "ns", job, {"spec": {"suspend": False}})
     unschedulable = ("0/13 nodes are available: 5 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node "
                      "affinity")
     kube.create("scheduler", {"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -1296,7 +1324,7 @@ def test_a_stage_that_cannot_start_says_why_kueue_or_the_scheduler(kube: FakeKub
     compress = kube.status("m")["stages"][0]
     assert (compress["reason"], compress["message"]) == ("Unschedulable",
                                                          f"pod {job}-x cannot be scheduled: {unschedulable}")
-    kube.delete("scheduler", "Pod", "ns", f"{job}-x")
+    kube.remove("scheduler", "Pod", "ns", f"{job}-x")
     assert step(kube).phase == "Compressing" and kube.status("m")["stages"][0]["state"] == "Running"
 
 
@@ -1311,7 +1339,7 @@ def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
         "name": pod, "namespace": "ns", "labels": {"tailor.dev/model": "m", "tailor.dev/stage": "compress",
                                                     "batch.kubernetes.io/job-name": job},
         "annotations": {"batch.kubernetes.io/job-completion-index": "0"}}, "status": {"phase": "Running"}})
-    kube.merge_patch("job-controller", "Job", "ns", job, {"status": {"active": 1, "ready": 1}})
+    kube.patch("job-controller", "Job", "ns", job, {"status": {"active": 1, "ready": 1}})
     assert step(kube).phase == "Compressing"
     assert kube.status("m")["stages"][0]["message"] == "1 pod(s) running"  # no log to read
     kube.logs[("ns", pod, "compress")] = ("[   4.3s] round2.bld: start (1.3 GiB held)\n"
@@ -1323,8 +1351,8 @@ def test_a_running_stage_reports_the_step_its_log_is_at(kube: FakeKube) -> None:
     assert (compress["progress"], compress["message"]) == (0.268, "round 2/3: bld 412/1,536, eta 3h10m")
     assert status["progress"] == "Compress 27%"
     # the pod is done and the Job controller has not said how the Job ended yet: the last word stands, unwritten
-    kube.merge_patch("kubelet", "Pod", "ns", pod, {"status": {"phase": "Succeeded"}})
-    kube.merge_patch("job-controller", "Job", "ns", job, {"status": {"active": 0, "ready": 0, "succeeded": 1}})
+    kube.patch("kubelet", "Pod", "ns", pod, {"status": {"phase": "Succeeded"}})
+    kube.patch("job-controller", "Job", "ns", job, {"status": {"active": 0, "ready": 0, "succeeded": 1}})
     statuses = sum(1 for verb, _, _ in kube.writes if verb == "status")
     assert step(kube).phase == "Compressing" and kube.status("m")["stages"][0] == compress
     assert sum(1 for verb, _, _ in kube.writes if verb == "status") == statuses
