@@ -193,10 +193,12 @@ def bench(args: argparse.Namespace, scratch: Path, pythonpath: Path | None, png:
                        "--namespace", NAMESPACE]
         else:
             # kwok finishes the stage Jobs with results from devcluster.tailor.dev/ pod annotations, which the
-            # operator allows only when told (an operator from before the allowlist knows no such flag)
+            # operator allows only when told: as --tenancy now, by an older flag before, not at all before that
             cli = (pythonpath / "tailor" if pythonpath else REPO) / "cli" / "run_operator.py"
-            allow = (["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
-                     if cli.exists() and "--allowed-annotation-prefix" in cli.read_text() else [])
+            said = cli.read_text() if cli.exists() else ""
+            allow = (["--tenancy", json.dumps({"allowedAnnotationPrefixes": ["devcluster.tailor.dev/"]})]
+                     if "--tenancy" in said else ["--allowed-annotation-prefix", "devcluster.tailor.dev/"]
+                     if "--allowed-annotation-prefix" in said else [])
             if pythonpath is not None:
                 env["PYTHONPATH"] = str(pythonpath)
             command = [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", NAMESPACE,

@@ -6,7 +6,10 @@ import argparse
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tailor.operator.allowlists import TenancyLimits as TenancyLimits
 
 EXAMPLES = """examples:
   tailor operator --all-namespaces                      # every namespace, metrics on :8080, liveness on :8081
@@ -32,13 +35,7 @@ def _operator(args: argparse.Namespace) -> int:
                                         job_service_account=args.job_service_account,
                                         serving_service_account=args.serving_service_account,
                                         image_pull_secrets=tuple(args.image_pull_secret or ()),
-                                        image_prefixes=tuple(args.allowed_image_prefix
-                                                             or OperatorSettings.image_prefixes),
-                                        annotation_prefixes=tuple(args.allowed_annotation_prefix
-                                                                  or OperatorSettings.annotation_prefixes),
-                                        priority_classes=tuple(args.allowed_priority_class or ()),
-                                        queue_name=args.queue_name,
-                                        shared_secrets=tuple(args.shared_secret or ()),
+                                        tenancy=args.tenancy, queue_name=args.queue_name,
                                         serving_ingress=None if args.no_ingress_policy else ServingIngress(
                                             tuple(args.monitoring_namespace or ServingIngress.monitoring_namespaces),
                                             tuple(args.client_namespace or ()), tuple(args.client_cidr or ()))),
@@ -51,7 +48,20 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenancy(text: str) -> TenancyLimits:
+    """`--tenancy`: the chart's tenancy values, validated (a wrong key or type names itself)."""
+    from pydantic import ValidationError
+
+    from tailor.operator.allowlists import TenancyLimits
+
+    try:
+        return TenancyLimits.model_validate_json(text)
+    except ValidationError as error:
+        raise argparse.ArgumentTypeError(f"not the chart's tenancy values: {error}") from error
+
+
 def add_parser(nouns: Any) -> None:
+    from tailor.operator.allowlists import TenancyLimits
     from tailor.operator.settings import OperatorSettings
 
     parser = nouns.add_parser("operator", help="run the CompressedModel operator (kopf)", epilog=EXAMPLES,
@@ -70,17 +80,10 @@ def add_parser(nouns: Any) -> None:
                         help="ServiceAccount of the Triton pods (created per namespace, no API token)")
     parser.add_argument("--image-pull-secret", action="append",
                         help="Secret those ServiceAccounts pull images with (repeatable)")
-    parser.add_argument("--allowed-image-prefix", action="append",
-                        help="images (besides --job-image) a CompressedModel may run, by prefix (repeatable; default: "
-                             f"{', '.join(OperatorSettings.image_prefixes)})")
-    parser.add_argument("--allowed-annotation-prefix", action="append",
-                        help="stage pod annotations a CompressedModel may set, by key prefix (repeatable; default: "
-                             f"{', '.join(OperatorSettings.annotation_prefixes)})")
-    parser.add_argument("--allowed-priority-class", action="append",
-                        help="PriorityClass a CompressedModel's pods may name (repeatable; default: any but system-*)")
-    parser.add_argument("--shared-secret", action="append",
-                        help="Secret every CompressedModel may name as source.credentialsSecret (repeatable; each "
-                             "may always name its own, <name>-credentials)")
+    parser.add_argument("--tenancy", type=_tenancy, default=TenancyLimits(), metavar="JSON",
+                        help="what a tenant may ask for: the chart's tenancy values as JSON, e.g. "
+                             "'{\"allowedPriorityClasses\": [\"gpu-batch\"]}'; a key left out keeps the chart's "
+                             "default, and an empty list allows nothing")
     parser.add_argument("--monitoring-namespace", action="append",
                         help="namespace of the monitoring stack, which may scrape the Triton pods (repeatable; "
                              "default: monitoring)")

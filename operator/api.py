@@ -512,7 +512,7 @@ class NodeAffinity(ApiModel):
 
 class ResourceRequirements(ApiModel):
     """Requests and limits of the pods' main container, over Tailor's (GPUs excepted: Tailor sets them). Extended
-    resources such as vpc.amazonaws.com/efa or rdma/ib are passed on."""
+    resources (such as vpc.amazonaws.com/efa) only as the chart's tenancy.allowedExtendedResources lists them."""
 
     requests: ResourceList = Field(default_factory=dict, description="Requests, e.g. {cpu: '16', memory: 200Gi}.")
     limits: ResourceList = Field(default_factory=dict, description="Limits, e.g. {memory: 400Gi}.")
@@ -520,19 +520,22 @@ class ResourceRequirements(ApiModel):
 
 class PodPlacement(ApiModel):
     """Where pods go and what they carry besides what Tailor sets. Bounded for tenants: no security context,
-    volumes or namespace can be chosen here; annotation keys and priority classes are limited by the operator's
-    settings (the chart's tenancy values), Tailor's own labels cannot be set."""
+    volumes or namespace can be chosen here; annotation and label keys, tolerations, priority classes and extended
+    resources are limited by the chart's tenancy allowlists (at admission and by the operator), Tailor's own labels
+    cannot be set."""
 
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=16, json_schema_extra={"default": []},
-        description="Taints the pods tolerate, besides nvidia.com/gpu (always tolerated).")
+        description="Taints the pods tolerate, besides nvidia.com/gpu (always tolerated); keys as the chart's "
+                    "tenancy.allowedTolerationKeys lists them.")
     node_affinity: NodeAffinity | None = Field(
         default=None, description="Further conditions on the nodes, combined with Tailor's choice of nodes.")
     priority_class_name: str | None = Field(
         default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
-        description="PriorityClass of the pods (system-* classes are refused unless the operator allows them).")
+        description="PriorityClass of the pods, one the chart's tenancy.allowedPriorityClasses lists.")
     pod_labels: PodLabels = Field(default_factory=dict, json_schema_extra={"default": {}},
-                                  description="Labels for the pods (not under tailor.dev/ or app.kubernetes.io/).")
+                                  description="Labels for the pods (not under tailor.dev/ or app.kubernetes.io/); keys "
+                                              "under a prefix the chart's tenancy.allowedPodLabelPrefixes lists.")
     pod_annotations: PodAnnotations = Field(
         default_factory=dict, json_schema_extra={"default": {}},
         description="Annotations for the pods; keys must start with a prefix the operator allows (the chart's "

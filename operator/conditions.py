@@ -34,6 +34,9 @@ class Reason(StrEnum):
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     ANNOTATION_NOT_ALLOWED = "AnnotationNotAllowed"
     PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
+    POD_LABEL_NOT_ALLOWED = "PodLabelNotAllowed"
+    TOLERATION_NOT_ALLOWED = "TolerationNotAllowed"
+    RESOURCE_NOT_ALLOWED = "ResourceNotAllowed"  # an extended resource outside the chart's allowlist
     CLAIM_NOT_ALLOWED = "ClaimNotAllowed"  # a claim the spec names is not allowed for Tailor or not given to it
     SECRET_NOT_ALLOWED = "SecretNotAllowed"  # a Secret the spec names is neither the object's nor shared
     OWNED_ELSEWHERE = "OwnedElsewhere"  # an object with a name the operator derives belongs to someone else

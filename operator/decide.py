@@ -94,33 +94,41 @@ def decide(world: Observed, settings: OperatorSettings) -> Decision:
 
 
 def admit(p: Pass, spec: CompressedModelSpec) -> None:
-    """What a tenant may not ask for, whatever the API server let through: images outside the allowlist, pod
-    annotations outside the allowed prefixes, priority classes the operator does not allow, and claims and
+    """What a tenant may not ask for, whatever the API server let through: images, pod annotations and labels,
+    tolerations, priority classes and resources outside the chart's allowlists (`allowlists`), and claims and
     Secrets it was not given (`tenancy`)."""
+    limits = p.settings.tenancy
+    listed = limits.model_dump(by_alias=True)  # as the chart's values name them
     for mount, name in mounted_claims(spec, data=True).items():
         check_claim(p.world.named_claims.get(name), name, CLAIM_FIELDS[mount], p.model)
     if spec.source.credentials_secret is not None:
-        check_secret(spec.source.credentials_secret.name, p.name, p.settings.shared_secrets)
+        check_secret(spec.source.credentials_secret.name, p.name, tuple(limits.shared_secrets))
     images = {"spec.jobs.image": spec.jobs.image,
               "spec.deployment.tritonImage": spec.deployment.triton_image if spec.deployment else None}
     for where, image in images.items():
         if image is not None and not p.settings.image_allowed(image):
             raise Refused(Reason.IMAGE_NOT_ALLOWED, f"{where} {image!r} is not an allowed image (the operator "
                                                     f"allows {p.settings.job_image} and images under "
-                                                    f"{', '.join(p.settings.image_prefixes) or 'no prefix'})")
+                                                    f"{', '.join(limits.allowed_image_prefixes) or 'no prefix'})")
     placements = {"spec.jobs": spec.jobs, **{f"spec.deployment.pools[{pool.name}]": pool
                                              for pool in (spec.deployment.pools if spec.deployment else [])}}
     for where, placement in placements.items():
-        refused = sorted(k for k in placement.pod_annotations if not p.settings.annotation_allowed(k))
-        if refused:
-            prefixes = ", ".join(p.settings.annotation_prefixes)
-            raise Refused(Reason.ANNOTATION_NOT_ALLOWED, f"{where}.podAnnotations {refused} are not allowed; "
-                                                         f"allowed prefixes: {prefixes}")
-        priority = placement.priority_class_name
-        if priority is not None and not p.settings.priority_class_allowed(priority):
-            allowed = ", ".join(p.settings.priority_classes) or "any class but system-*"
-            raise Refused(Reason.PRIORITY_CLASS_NOT_ALLOWED, f"{where}.priorityClassName {priority!r} is not "
-                                                             f"allowed; the operator allows {allowed}")
+        resources = placement.resources
+        asked = (("podAnnotations", placement.pod_annotations, limits.annotation_allowed,
+                  Reason.ANNOTATION_NOT_ALLOWED, "allowedAnnotationPrefixes"),
+                 ("podLabels", placement.pod_labels, limits.pod_label_allowed, Reason.POD_LABEL_NOT_ALLOWED,
+                  "allowedPodLabelPrefixes"),
+                 ("tolerations", [t.key for t in placement.tolerations], limits.toleration_allowed,
+                  Reason.TOLERATION_NOT_ALLOWED, "allowedTolerationKeys"),
+                 ("priorityClassName", [placement.priority_class_name] if placement.priority_class_name else [],
+                  limits.priority_class_allowed, Reason.PRIORITY_CLASS_NOT_ALLOWED, "allowedPriorityClasses"),
+                 ("resources", [*resources.requests, *resources.limits] if resources else [],
+                  limits.resource_allowed, Reason.RESOURCE_NOT_ALLOWED, "allowedExtendedResources"))
+        for field_name, keys, allowed, reason, value in asked:
+            if refused := sorted({key for key in keys if not allowed(key)}):
+                said = ", ".join(repr(key) for key in refused) + (" is" if len(refused) == 1 else " are")
+                raise Refused(reason, f"{where}.{field_name} {said} not allowed (the chart's tenancy.{value}: "
+                                      f"{', '.join(listed[value]) or 'none'})")
 
 
 def start_build(p: Pass, spec: CompressedModelSpec) -> None:

@@ -12,12 +12,14 @@ import yaml
 
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import published_results
+from tailor.operator.allowlists import TenancyLimits
 from tailor.operator.api import DeploymentSpec
 from tailor.operator.pools import Built, PoolPlan, plan_pool
-from tailor.operator.settings import ANNOTATION_PREFIXES, OperatorSettings
+from tailor.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
-SETTINGS = OperatorSettings(annotation_prefixes=(*ANNOTATION_PREFIXES, "devcluster.tailor.dev/"))
+SETTINGS = OperatorSettings(tenancy=TenancyLimits(  # kwok's results ride on devcluster.tailor.dev/ annotations
+    allowed_annotation_prefixes=[*TenancyLimits().allowed_annotation_prefixes, "devcluster.tailor.dev/"]))
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
 PRIVATE_PARENT = "hf://example-org/private-parent"  # not a built-in model: the operator cannot check its fit

@@ -6,6 +6,7 @@ beforehand, which `make test` and .ci/run do); a devcluster that was already up 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import uuid
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -116,6 +118,9 @@ def _served(api: client.ApiClient) -> bool:
 
 
 SIMULATED_RESULTS = "devcluster.tailor.dev/"  # the pod annotations kwok finishes stage Jobs with
+# The devcluster chart values' tenancy block (which allows them), given to an operator run from this checkout as the
+# chart gives it to its own
+TENANCY = json.dumps(yaml.safe_load((REPO / "devcluster" / "chart-values.yaml").read_text())["tenancy"])
 
 
 class OperatorProcess:
@@ -142,7 +147,7 @@ class OperatorProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tailor.cli.main", "operator", "--namespace", self.namespace,
                  "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
-                 "--bind", "127.0.0.1", "--allowed-annotation-prefix", SIMULATED_RESULTS],
+                 "--bind", "127.0.0.1", "--tenancy", TENANCY],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
         return self
 

@@ -289,20 +289,27 @@ def test_install_test_upgrade_uninstall_and_permissions(
 
 
 
+POOL = {"name": "h100", "nodeSelector": {"a": "b"}, "concurrency": {"perNode": 8}}
+
+
 @pytest.mark.parametrize(("change", "says"), [
     ({"jobs": {"image": "docker.io/attacker/miner:1"}}, "spec.jobs.image is not an allowed image"),
     ({"jobs": {"image": "tailor-runtime:dev-evil"}}, "spec.jobs.image"),  # the job image is exact, not a prefix
     ({"deployment": {"tritonImage": "ghcr.io/tailor-dev.evil.example/triton:1"}}, "spec.deployment.tritonImage"),
-    ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "spec.jobs.podAnnotations"),
-    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": {"a": "b"}, "concurrency": {"perNode": 8},
-                                "podAnnotations": {"sidecar.istio.io/inject": "true"}}]}},
-     "spec.deployment.pools[].podAnnotations"),
-    ({"jobs": {"priorityClassName": "system-node-critical"}},
-     "must be an allowed PriorityClass: any class but system-*"),
-    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": {"a": "b"}, "concurrency": {"perNode": 8},
-                                "priorityClassName": "system-cluster-critical"}]}}, "must be an allowed PriorityClass"),
+    ({"jobs": {"podAnnotations": {"sidecar.istio.io/inject": "true"}}}, "podAnnotations: keys must start"),
+    ({"deployment": {"pools": [{**POOL, "podAnnotations": {"sidecar.istio.io/inject": "true"}}]}},
+     "podAnnotations: keys must start"),
+    ({"jobs": {"priorityClassName": "system-node-critical"}}, "tenancy.allowedPriorityClasses: none"),
+    ({"deployment": {"pools": [{**POOL, "priorityClassName": "gpu-batch"}]}}, "tenancy.allowedPriorityClasses: none"),
+    ({"jobs": {"podLabels": {"app": "web"}}}, "tenancy.allowedPodLabelPrefixes: none"),  # another Service's pods
+    ({"deployment": {"pools": [{**POOL, "podLabels": {"sidecar.istio.io/inject": "true"}}]}},
+     "tenancy.allowedPodLabelPrefixes: none"),
+    ({"jobs": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+     "tenancy.allowedTolerationKeys: cloud.google.com/gke-spot"),
+    ({"deployment": {"pools": [{**POOL, "resources": {"limits": {"devices.kubevirt.io/kvm": "1"}}}]}},
+     "tenancy.allowedExtendedResources: vpc.amazonaws.com/efa, rdma/ib"),
 ], ids=["foreign-image", "job-image-as-prefix", "lookalike-registry", "annotation", "pool-annotation",
-        "system-priority", "pool-system-priority"])
+        "system-priority", "pool-priority", "label", "pool-label", "control-plane-toleration", "pool-kvm"])
 def test_the_admission_policy_refuses_what_a_tenant_may_not_ask_for(
         api: client.ApiClient, namespace: str, installed_operator: InstalledOperator, change: dict[str, Any],
         says: str) -> None:

@@ -469,7 +469,7 @@ FAILURES = [
         "ImageNotAllowed", "spec.jobs.image 'docker.io/attacker/miner:latest' is not an allowed image"),
         id="ImageNotAllowed"),
     pytest.param(world(changed(BODY, jobs={"podAnnotations": {"sidecar.istio.io/inject": "true"}}), None), Failure(
-        "AnnotationNotAllowed", "spec.jobs.podAnnotations ['sidecar.istio.io/inject'] are not allowed"),
+        "AnnotationNotAllowed", "spec.jobs.podAnnotations 'sidecar.istio.io/inject' is not allowed"),
         id="AnnotationNotAllowed"),
     pytest.param(world(changed(BODY, jobs={"priorityClassName": "system-node-critical"}), None), Failure(
         "PriorityClassNotAllowed", "spec.jobs.priorityClassName 'system-node-critical' is not allowed"),

@@ -51,8 +51,8 @@ def give_claim(kube: FakeKube, name: str, to: str = "m") -> None:
         "annotations": {"tailor.dev/shared-with": to}}})
 
 
-def step(kube: FakeKube, name: str = "m") -> Decision:
-    decision = reconcile(kube, "ns", name, SETTINGS)
+def step(kube: FakeKube, name: str = "m", settings: OperatorSettings = SETTINGS) -> Decision:
+    decision = reconcile(kube, "ns", name, settings)
     assert decision is not None
     return decision
 
@@ -69,10 +69,11 @@ def controllers(kube: FakeKube, name: str = "m", revisions: bool = True) -> None
             kube.make_available(deployment)
 
 
-def drive(kube: FakeKube, until: str, name: str = "m", passes: int = 20) -> Decision:
+def drive(kube: FakeKube, until: str, name: str = "m", passes: int = 20, settings: OperatorSettings = SETTINGS
+          ) -> Decision:
     """Passes, with the controllers between them, until the phase is `until`."""
     for _ in range(passes):
-        decision = step(kube, name)
+        decision = step(kube, name, settings)
         if decision.phase == until:
             return decision
         controllers(kube, name)
@@ -998,7 +999,16 @@ def test_deleting_an_object_keeps_a_claim_it_did_not_create(kube: FakeKube) -> N
      "spec.jobs.priorityClassName 'system-node-critical' is not allowed"),
     ({"deployment": {"pools": [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16},
                                 "podAnnotations": {"sidecar.istio.io/inject": "true"}}]}}, "AnnotationNotAllowed",
-     "spec.deployment.pools[h100].podAnnotations ['sidecar.istio.io/inject']"),
+     "spec.deployment.pools[h100].podAnnotations 'sidecar.istio.io/inject' is not allowed"),
+    ({"jobs": {"priorityClassName": "gpu-batch"}}, "PriorityClassNotAllowed",
+     "spec.jobs.priorityClassName 'gpu-batch' is not allowed (the chart's tenancy.allowedPriorityClasses: none)"),
+    ({"jobs": {"podLabels": {"app": "web", "sidecar.istio.io/inject": "true"}}}, "PodLabelNotAllowed",
+     "spec.jobs.podLabels 'app', 'sidecar.istio.io/inject' are not allowed"),
+    ({"jobs": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+     "TolerationNotAllowed", "spec.jobs.tolerations 'node-role.kubernetes.io/control-plane' is not allowed"),
+    ({"deployment": {"pools": [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 16},
+                                "resources": {"limits": {"devices.kubevirt.io/kvm": "1"}}}]}}, "ResourceNotAllowed",
+     "spec.deployment.pools[h100].resources 'devices.kubevirt.io/kvm' is not allowed"),
     ({"jobs": {"resources": {"limits": {"memory": "1Gi"}}}}, "InvalidSpec",
      "spec.jobs.resources: the memory limit 1Gi is below its request 2Gi"),
 ])
@@ -1073,7 +1083,7 @@ def test_a_claim_shared_with_the_object_and_a_secret_of_its_own_or_the_charts_ar
     team = FakeKube()
     team.apply(manifest(name="n"))
     team.update_spec("n", {"source": {"uri": PRIVATE_PARENT, "credentialsSecret": {"name": "hf-token"}}})
-    shares = dataclasses.replace(SETTINGS, shared_secrets=("hf-token",))
+    shares = dataclasses.replace(SETTINGS, tenancy=SETTINGS.tenancy.model_copy(update={"shared_secrets": ["hf-token"]}))
     assert (decided := reconcile(team, "ns", "n", shares)) is not None and decided.phase == "Compressing"
 
 
@@ -1118,7 +1128,7 @@ def test_a_chart_added_gpu_profile_reaches_the_package_job(kube: FakeKube, tmp_p
     node["metadata"]["name"] = "h20-0"
     node["metadata"]["labels"].update({"nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.memory": "97871"})
     kube.node_list.append(node)
-    settings = OperatorSettings(catalog=GpuCatalog.load(profiles), annotation_prefixes=SETTINGS.annotation_prefixes)
+    settings = OperatorSettings(catalog=GpuCatalog.load(profiles), tenancy=SETTINGS.tenancy)
     body = manifest()
     body["spec"]["deployment"]["pools"] = [{"name": "h20", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H20"},
                                             "concurrency": {"total": 8}}]
@@ -1253,7 +1263,10 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
             {"weight": 50, "preference": {"matchExpressions": [zone]}}]},
         resources={"requests": {"memory": "64Gi"}})
     kube.apply(body)
-    drive(kube, "Ready")
+    allowed = SETTINGS.tenancy.model_copy(update={  # the cluster admin's allowlists for this team
+        "allowed_pod_label_prefixes": ["team", "tier"], "allowed_priority_classes": ["gpu-batch", "serving-high"],
+        "allowed_toleration_keys": ["example.com/team", "example.com/serving"]})
+    drive(kube, "Ready", settings=dataclasses.replace(SETTINGS, tenancy=allowed))
     gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     h100_terms = gpu_terms(GpuCatalog.load().get("H100"))
     stages = set()

@@ -92,3 +92,7 @@ capabilities:
 {{- define "tailor.admissionPolicyServed" -}}
 {{- semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version -}}
 {{- end -}}
+
+{{/* A tenancy allowlist as the admission policy's messages say it: its items, or "none" (an empty list allows
+nothing). */}}
+{{- define "tailor.listed" }}{{ if . }}{{ join ", " . }}{{ else }}none{{ end }}{{ end }}
