@@ -65,14 +65,33 @@ def pod_metadata(placement: PodPlacement | None, labels: dict[str, str],
             "annotations": {**(placement.pod_annotations if placement else {}), **(annotations or {})}}
 
 
+MEMORY_RATIO = 4  # a spec's memory request is at least Tailor's over this; its limit at most this times the request
+
+
+def _memory_bounded(field: str, tailors: tuple[str, str | None], asked: tuple[str | None, str | None],
+                    request: str) -> None:
+    """Refused when the spec's memory request (`asked`) is below Tailor's over MEMORY_RATIO, or its memory limit
+    above both Tailor's limit and MEMORY_RATIO times the pod's request: a request of "1" under a limit of 1Pi would
+    undo every pod's memory bound (scheduled as nothing, free to take the node). A larger request than Tailor's is
+    the spec's to ask (a stage's figure is an allowance, not the model's need), and its limit may follow it."""
+    if asked[0] is not None and quantity_value(asked[0]) < quantity_value(tailors[0]) / MEMORY_RATIO:
+        raise Refused(Reason.INVALID_SPEC, f"{field}: the memory request {asked[0]} is below a {MEMORY_RATIO}th "
+                                           f"of Tailor's {tailors[0]} (what this pod holds)")
+    ceiling = max(quantity_value(tailors[1] or "0"), MEMORY_RATIO * quantity_value(request))
+    if asked[1] is not None and quantity_value(asked[1]) > ceiling:
+        raise Refused(Reason.INVALID_SPEC, f"{field}: the memory limit {asked[1]} is more than {MEMORY_RATIO}x the "
+                                           f"request {request} and Tailor's limit: raise the request with it")
+
+
 def resources(requests: dict[str, str], gpus: int, placement: PodPlacement | None, field: str,
               limits: dict[str, str] | None = None) -> dict[str, Any]:
     """A container's requests and limits: Tailor's `requests` and `limits` with the spec's over them, and `gpus`
     GPUs, which stay Tailor's. A spec's request above Tailor's limit raises that limit to it (the spec asked for
-    more); a limit the spec sets below its request is refused naming `field`, before the API server refuses the
-    pod."""
+    more); a limit the spec sets below its request, and a memory request or limit out of MEMORY_RATIO
+    (`_memory_bounded`), are refused naming `field`, before the API server refuses the pod."""
     own = placement.resources if placement else None
     asked = own.requests if own else {}
+    tailors = requests.get("memory"), (limits or {}).get("memory")
     requests = {**requests, **asked}
     limits = {**{name: max(limit, asked[name], key=quantity_value) if name in asked else limit
                  for name, limit in (limits or {}).items()}, **(own.limits if own else {})}
@@ -80,6 +99,9 @@ def resources(requests: dict[str, str], gpus: int, placement: PodPlacement | Non
         if name in requests and quantity_value(limit) < quantity_value(requests[name]):
             raise Refused(Reason.INVALID_SPEC, f"{field}: the {name} limit {limit} is below its request "
                                                f"{requests[name]} (Tailor's, or the spec's)")
+    if "memory" in requests:
+        _memory_bounded(field, (tailors[0] or requests["memory"], tailors[1]),
+                        (asked.get("memory"), (own.limits if own else {}).get("memory")), requests["memory"])
     if gpus:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus)
     return {"requests": requests, **({"limits": limits} if limits else {})}

@@ -18,6 +18,7 @@ from tailor.compressor.sizing.memory import KvDtype, kv_bytes_per_token, recipe_
 from tailor.devcluster.nodes import EXECUTOR_LABEL
 from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
+from tailor.operator.conditions import Refused
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.jobs import gpu_terms
 from tailor.operator.memo import IdentityMemo
@@ -238,7 +239,11 @@ def test_a_cpu_replica_requests_and_is_limited_to_its_weights_cache_and_runtime(
                                         "nvidia.com/gpu": "1"},
                            "limits": {"memory": f"{math.ceil(total * 1.25 / 2**20)}Mi", "nvidia.com/gpu": "1"}}
     assert resources({"requests": {"memory": "64Gi"}})["limits"]["memory"] == "64Gi"
-    assert resources({"limits": {"memory": "16Gi"}})["limits"]["memory"] == "16Gi"
+    assert resources({"requests": {"memory": "8Gi"}, "limits": {"memory": "16Gi"}})["limits"]["memory"] == "16Gi"
+    with pytest.raises(Refused, match="the memory limit 1Pi is more than 4x the request"):
+        resources({"limits": {"memory": "1Pi"}})  # scheduled as a few GiB, free to take the node
+    with pytest.raises(Refused, match="the memory request 1 is below a 4th of Tailor's"):
+        resources({"requests": {"memory": "1"}})
 
 
 @pytest.mark.parametrize(("autoscaling", "engine", "expected"), [

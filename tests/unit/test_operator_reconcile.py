@@ -1011,6 +1011,8 @@ def test_deleting_an_object_keeps_a_claim_it_did_not_create(kube: FakeKube) -> N
      "spec.deployment.pools[h100].resources 'devices.kubevirt.io/kvm' is not allowed"),
     ({"jobs": {"resources": {"limits": {"memory": "1Gi"}}}}, "InvalidSpec",
      "spec.jobs.resources: the memory limit 1Gi is below its request 2Gi"),
+    ({"jobs": {"resources": {"requests": {"memory": "1"}, "limits": {"memory": "1Pi"}}}}, "InvalidSpec",
+     "spec.jobs.resources: the memory request 1 is below a 4th of Tailor's 2Gi"),
 ])
 def test_a_tenant_cannot_reach_past_the_allowlists(kube: FakeKube, change: dict[str, Any], reason: str,
                                                    says: str) -> None:
@@ -1253,7 +1255,7 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
     body["spec"]["jobs"].update(tolerations=[team], priorityClassName="gpu-batch", podLabels={"team": "ml"},
                                 nodeAffinity={"requiredDuringSchedulingIgnoredDuringExecution": {
                                     "nodeSelectorTerms": [{"matchExpressions": [zone]}]}},
-                                resources={"requests": {"cpu": "16", "vpc.amazonaws.com/efa": "32"},
+                                resources={"requests": {"cpu": "16", "memory": "200Gi", "vpc.amazonaws.com/efa": "32"},
                                            "limits": {"memory": "400Gi", "vpc.amazonaws.com/efa": "32"}},
                                 queueName="gpus")
     serving = {"key": "example.com/serving", "operator": "Exists"}
@@ -1282,7 +1284,7 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
             terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
                 "nodeSelectorTerms"]  # any label naming an H100, each in zone-a
             assert terms == [{"matchExpressions": t["matchExpressions"] + [zone]} for t in h100_terms]
-            assert resources == {"requests": {"cpu": "16", "memory": "2Gi", "vpc.amazonaws.com/efa": "32",
+            assert resources == {"requests": {"cpu": "16", "memory": "200Gi", "vpc.amazonaws.com/efa": "32",
                                               "nvidia.com/gpu": "1"},
                                  "limits": {"memory": "400Gi", "vpc.amazonaws.com/efa": "32", "nvidia.com/gpu": "1"}}
         else:  # on the h100 pool's nodes, as its Triton pods
