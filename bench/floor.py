@@ -34,9 +34,8 @@ from tailor.devcluster.simulated import RESULT_ANNOTATION
 from tailor.operator import api as model
 from tailor.operator import names, rollout, speedup
 from tailor.operator.decision import Create, Pass
-from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
-from tailor.operator.placement import scheduling
+from tailor.operator.placement import gpu_terms, scheduling
 from tailor.operator.pools import NodeSnapshot, PoolPlan, plan_pool
 from tailor.operator.resolve import fingerprint, resolve, target_batch
 from tailor.operator.settings import OperatorSettings

@@ -44,9 +44,8 @@ from tailor.operator.conditions import (
     without,
 )
 from tailor.operator.decision import Decision, Pass, read_status
-from tailor.operator.jobs import gpu_terms
 from tailor.operator.observe import Observed
-from tailor.operator.placement import scheduling
+from tailor.operator.placement import gpu_terms, scheduling
 from tailor.operator.progress import parse as parse_progress
 from tailor.operator.resolve import InvalidPlan, fingerprint, mounted_claims, resolve, target_batch
 from tailor.operator.settings import OperatorSettings
@@ -326,7 +325,7 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     reader = p.owned("Job", names.reader_name(job))
     if reader is None:
         start_job(p, spec, plan, stage, p.build.generation, names.plan_name(p.name, p.build.generation),
-                  scheduling(spec.jobs), reader=True)
+                  scheduling(spec.jobs, gpu_terms(plan.catalog().get(plan.target_gpu))), reader=True)  # as its stage
         return None
     try:
         return job_outcome(p, reader)

@@ -26,6 +26,7 @@ from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
 from tailor.compressor.sizing.engines import Engine
+from tailor.compressor.sizing.hardware import GpuProfile
 from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import GROUP, DeploymentSpec, NodePoolTarget
@@ -37,7 +38,7 @@ from tailor.operator.manifest import (
     owned_metadata,
     shared_memory,
 )
-from tailor.operator.placement import pod_metadata, resources, scheduling
+from tailor.operator.placement import gpu_terms, pod_metadata, resources, scheduling
 from tailor.operator.pools import PoolPlan
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -330,8 +331,10 @@ def pool_target(deployment: DeploymentSpec, pool: str) -> NodePoolTarget:
     return next(target for target in deployment.pools if target.name == pool)
 
 
-def pool_scheduling(pool: NodePoolTarget, node_selector: dict[str, str]) -> dict[str, Any]:
+def pool_scheduling(pool: NodePoolTarget, node_selector: dict[str, str], gpu: GpuProfile | None = None
+                    ) -> dict[str, Any]:
     """Where the pool's Triton pods, package Job and speed Job run: on the nodes `node_selector` selects (the pool's,
     as its plan found them: `PoolPlan.node_selector`), with the pool's tolerations, node affinity and priority
-    class."""
-    return scheduling(pool, node_selector=node_selector)
+    class. A pod that asks for no GPU (the package Job's) is kept to the nodes with the pool's `gpu` as well: the
+    selector alone may match nodes outside the pool (a CPU node carrying the same label)."""
+    return scheduling(pool, gpu_terms(gpu) if gpu else None, node_selector=node_selector)

@@ -1,7 +1,7 @@
 """The batch/v1 Jobs that run a CompressedModel's stages: `tailor compress|quantize|evaluate|package --plan`.
 
 A stage runs the same command as on a workstation, on GPU nodes of the target GPU (by any label that names it:
-`gpu_terms`; placed further by `spec.jobs`, see `placement`), with the artifacts claim at /artifacts and its
+`placement.gpu_terms`; placed further by `spec.jobs`), with the artifacts claim at /artifacts and its
 build plan at /plan. With a Kueue queue, the Job is created suspended and labelled for Kueue, which admits it
 (all of its pods at once) when the queue's quota holds them. A multi-node stage is an Indexed Job whose pods
 find each other through a headless Service and start torchrun with their completion index as node rank.
@@ -20,7 +20,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, Stage
-from tailor.compressor.sizing.hardware import GpuProfile
 from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import PodPlacement
@@ -76,14 +75,6 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     if settings.gpus_per_node > 1:
         return ["torchrun", "--standalone", f"--nproc-per-node={settings.gpus_per_node}", *module]
     return ["tailor", *args]
-
-
-def gpu_terms(gpu: GpuProfile) -> list[dict[str, Any]]:
-    """Node-affinity terms that find nodes with `gpu`, however the cluster labels them: one per label that names
-    it (GPU Feature Discovery's product, GKE's accelerator, an instance type, a team's own), any of which may
-    match."""
-    return [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
-            for key, values in gpu.identifying_labels().items()]
 
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailor.compressor.sizing.hardware import GpuProfile
 from tailor.operator.api import GPU_RESOURCE, NodeSelectorRequirement, NodeSelectorTerm, PodPlacement
 from tailor.operator.conditions import Reason, Refused
 from tailor.operator.manifest import quantity_value
@@ -23,6 +24,14 @@ def tolerations(placement: PodPlacement | None) -> list[dict[str, Any]]:
     """The GPU taint's toleration and the spec's."""
     own = [t.model_dump(by_alias=True, exclude_none=True) for t in (placement.tolerations if placement else [])]
     return [GPU_TAINT_TOLERATION, *own]
+
+
+def gpu_terms(gpu: GpuProfile) -> list[dict[str, Any]]:
+    """Node-affinity terms that find nodes with `gpu`, however the cluster labels them: one per label that names
+    it (GPU Feature Discovery's product, GKE's accelerator, an instance type, a team's own), any of which may
+    match."""
+    return [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+            for key, values in gpu.identifying_labels().items()]
 
 
 def _term(term: NodeSelectorTerm) -> dict[str, Any]:

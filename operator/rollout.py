@@ -214,7 +214,9 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
         pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
         start_job(p, spec, pool_plan, "package", p.generation, names.package_plan_name(p.name, p.generation,
                                                                                         sized.name),
-                  pool_scheduling(pool_target(deployment, sized.name), sized.node_selector), pool=sized.name)
+                  pool_scheduling(pool_target(deployment, sized.name), sized.node_selector,
+                                  plan.catalog().get(sized.gpu_profile) if sized.gpu_profile else None),
+                  pool=sized.name)
         return False
     return job_outcome(p, job) is not None
 

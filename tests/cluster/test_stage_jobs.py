@@ -12,9 +12,9 @@ from kubernetes import client, utils
 
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.operator import api as model
-from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, gpu_terms, stage_job
+from tailor.operator.jobs import JOB_SERVICE_ACCOUNT, JobSettings, stage_job
 from tailor.operator.names import job_name
-from tailor.operator.placement import scheduling
+from tailor.operator.placement import gpu_terms, scheduling
 
 from conftest import REPO, wait_for
 

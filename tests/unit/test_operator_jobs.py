@@ -7,8 +7,8 @@ import shlex
 
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.compressor.sizing.hostmemory import compression_need
-from tailor.operator.jobs import JobSettings, gpu_terms, launcher, stage_args, stage_job
-from tailor.operator.placement import scheduling
+from tailor.operator.jobs import JobSettings, launcher, stage_args, stage_job
+from tailor.operator.placement import gpu_terms, scheduling
 
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 3}}
 ARGS = stage_args("compress")

@@ -20,8 +20,8 @@ from tailor.operator import pools
 from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
 from tailor.operator.conditions import Refused
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
-from tailor.operator.jobs import gpu_terms
 from tailor.operator.memo import IdentityMemo
+from tailor.operator.placement import gpu_terms
 from tailor.operator.pools import (
     Built,
     HeldGpus,

@@ -35,9 +35,10 @@ from tailor.operator.decision import (
 )
 from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
-from tailor.operator.jobs import JobSettings, gpu_terms, stage_job
+from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.manifest import job_finished, owned_by
 from tailor.operator.observe import termination_messages
+from tailor.operator.placement import gpu_terms
 from tailor.operator.settings import OperatorSettings
 
 from compressedmodels import H100, PRIVATE_PARENT, REPO, SETTINGS, builtin_super, manifest
@@ -1168,6 +1169,9 @@ def test_a_result_whose_pod_is_gone_is_read_back_from_the_claim(kube: FakeKube) 
     assert reader["containers"][0]["command"] == ["tailor", "result", "--plan", "/plan/plan.yaml", "--stage",
                                                   "compress", "--result-file", "/dev/termination-log"]
     assert "nvidia.com/gpu" not in reader["containers"][0]["resources"]["requests"] and "nodeSelector" not in reader
+    # no GPU, yet on the stage's nodes (the target GPU's), never wherever the spec's placement alone lets it
+    required = reader["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == gpu_terms(GpuCatalog.load().get("H100"))
     kube.finish_stage("m-g1-compress-r", published_results())
     assert step(kube).phase == "Quantizing"  # no rebuild
     assert kube.names("Job") == ["m-g1-compress", "m-g1-compress-r", "m-g1-quantize"]
@@ -1291,6 +1295,9 @@ def test_placement_reaches_every_pod_and_kueue_queues_every_job(kube: FakeKube) 
             assert pod["spec"]["nodeSelector"] == H100 and pod["spec"]["tolerations"] == [gpu, serving]
             assert pod["spec"]["priorityClassName"] == "serving-high" and "cpu" not in resources.get("limits", {})
             assert resources["requests"]["cpu"] == "500m"
+            if stage == "package":  # no GPU: kept to the nodes with the pool's GPU too, not all the selector matches
+                assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                    "nodeSelectorTerms"] == h100_terms
     assert stages == {"compress", "quantize", "evaluate", "package", "speed"}
     speed = kube.obj("Job", next(n for n in kube.names("Job") if n.endswith("-speed-h100")))
     assert speed["spec"]["template"]["spec"]["initContainers"][0]["resources"]["requests"]["memory"] == "64Gi"
