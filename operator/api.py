@@ -371,8 +371,12 @@ class Concurrency(ApiModel):
 
 # --- where pods go ----------------------------------------------------------------------------------
 
-LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# An optional DNS-subdomain prefix and "/", then a name of up to 63 characters, as the API server checks label and
+# annotation keys; the prefix's 253 characters in all by LABEL_KEY_LENGTHS (one RE2 pattern cannot count both).
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY_LENGTHS = r"^([^/]{1,253}/)?[^/]{1,63}$"
+LABEL_KEY_MAX = 317
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 RESOURCE_QUANTITY_PATTERN = rf"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|{_WHOLE_UNITS})?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -380,11 +384,22 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 RESERVED_LABEL_PREFIXES = ("tailor.dev/", "app.kubernetes.io/")
 GPU_RESOURCE = "nvidia.com/gpu"  # what the device plugin (or GKE's, or the GPU Operator) advertises
 
-LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, min_length=1, max_length=316)]
+KEY_IS_A_NAME = cel(f"self.matches('{LABEL_KEY_LENGTHS}')", "a label key's prefix may have up to 253 characters")
+
+
+def _key_lengths(key: str) -> str:
+    if not re.fullmatch(LABEL_KEY_LENGTHS, key):
+        raise ValueError(f"{KEY_IS_A_NAME['message']}; got {key!r}")
+    return key
+
+
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, min_length=1, max_length=LABEL_KEY_MAX,
+                                json_schema_extra=cel_rules(KEY_IS_A_NAME)), AfterValidator(_key_lengths)]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
-KEYS_ARE_NAMES = cel(f"self.all(k, size(k) <= 316 && k.matches('{LABEL_KEY_PATTERN}'))",
-                     "keys must be label-style names: an optional DNS prefix and '/', then up to 63 of a-z, "
-                     "A-Z, 0-9, '-', '_', '.'")
+KEYS_ARE_NAMES = cel(f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{LABEL_KEY_PATTERN}') && "
+                     f"k.matches('{LABEL_KEY_LENGTHS}'))",
+                     "keys must be label-style names: an optional DNS prefix of up to 253 characters and '/', then "
+                     "up to 63 of a-z, A-Z, 0-9, '-', '_', '.'")
 OWN_LABELS = cel("self.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
                  f"labels under {', '.join(RESERVED_LABEL_PREFIXES)} are Tailor's own (its selectors and "
                  "NetworkPolicy rely on them)")
@@ -394,7 +409,8 @@ NO_GPU_RESOURCE = cel(f"!('{GPU_RESOURCE}' in self)",
 
 
 def _names(keys: dict[str, Any]) -> dict[str, Any]:
-    bad = sorted(k for k in keys if len(k) > 316 or not re.fullmatch(LABEL_KEY_PATTERN, k))
+    bad = sorted(k for k in keys if len(k) > LABEL_KEY_MAX or not re.fullmatch(LABEL_KEY_PATTERN, k)
+                 or not re.fullmatch(LABEL_KEY_LENGTHS, k))
     if bad:
         raise ValueError(f"{KEYS_ARE_NAMES['message']}; got {bad}")
     return keys
@@ -414,7 +430,8 @@ def _no_gpu_resource(resources: dict[str, str]) -> dict[str, str]:
 
 PodLabels = Annotated[dict[str, LabelValue], Field(max_length=16, json_schema_extra=cel_rules(
     KEYS_ARE_NAMES, OWN_LABELS)), AfterValidator(_own_labels), AfterValidator(_names)]
-PodAnnotations = Annotated[dict[str, Annotated[str, Field(max_length=256 * 1024)]], Field(
+ANNOTATION_VALUE_MAX = 4096  # 32 of them with their keys stay well under the API server's 256 KiB per object
+PodAnnotations = Annotated[dict[str, Annotated[str, Field(max_length=ANNOTATION_VALUE_MAX)]], Field(
     max_length=32, json_schema_extra=cel_rules(KEYS_ARE_NAMES)), AfterValidator(_names)]
 ResourceList = Annotated[
     dict[str, Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=32)]],

@@ -181,6 +181,14 @@ INVALID = [
     # placement: Tailor's labels and GPU counts stay Tailor's; tolerations and node conditions are well formed
     Case("label-tailor-owns", _spec(jobs={"podLabels": {"tailor.dev/egress": "any"}}), "spec.jobs.podLabels"),
     Case("label-key-malformed", _spec(jobs={"podLabels": {"team name": "ml"}}), "spec.jobs.podLabels"),
+    # what the API server would refuse in the pods, refused on the object: a label name past 63 characters, a key
+    # prefix past 253, an annotation past 4 KiB (32 of them would pass the 256 KiB an object may carry)
+    Case("label-name-too-long", _spec(jobs={"podLabels": {"t" * 64: "ml"}}), "spec.jobs.podLabels"),
+    Case("toleration-key-prefix-too-long", _spec(jobs={"tolerations": [{"key": ".".join(["a" * 60] * 5) + "/x",
+                                                                        "operator": "Exists"}]}),
+         "spec.jobs.tolerations[0].key"),
+    Case("annotation-too-large", _spec(jobs={"podAnnotations": {"prometheus.io/path": "p" * 4097}}),
+         "spec.jobs.podAnnotations"),
     Case("gpus-in-resources", _spec(deployment={"pools": [{**POOL, "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}),
          "spec.deployment.pools[0].resources.limits"),
     Case("toleration-without-key", _spec(jobs={"tolerations": [{"operator": "Exists"}]}),
