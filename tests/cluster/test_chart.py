@@ -336,3 +336,26 @@ def test_the_admission_policy_refuses_what_a_tenant_may_not_ask_for(
     assert says in message and "ValidatingAdmissionPolicy" in message, message
     assert refused(patched({"metadata": {"name": "tenant"}})) == ""
     assert says in refused({"spec": change}, name="tenant")
+
+
+def test_tenants_get_compressedmodels_through_edit_and_view_but_never_the_status(
+        api: client.ApiClient, namespace: str, installed_operator: InstalledOperator, kubectl: Callable[..., Any]
+) -> None:
+    """The chart's tenant ClusterRoles, aggregated by the cluster's own controller into edit and view: an editor
+    creates and deletes CompressedModels, a viewer reads them, and neither may write their status."""
+    for who, role in (("editor", "edit"), ("viewer", "view")):
+        kubectl("create", "serviceaccount", who, "-n", namespace)
+        kubectl("create", "rolebinding", who, f"--clusterrole={role}", f"--serviceaccount={namespace}:{who}",
+                "-n", namespace)
+
+    def can(who: str, verb: str, resource: str, subresource: str = "") -> bool:
+        answer = kubectl("auth", "can-i", verb, resource, f"--subresource={subresource}", "-n", namespace,
+                         f"--as=system:serviceaccount:{namespace}:{who}", check=False)
+        return answer.stdout.strip() == "yes"
+
+    wait_for("edit to aggregate the chart's rules", lambda: can("editor", "create", MODELS), timeout_s=60)
+    wait_for("view to aggregate the chart's rules", lambda: can("viewer", "list", MODELS), timeout_s=60)
+    assert can("editor", "delete", MODELS) and can("editor", "patch", MODELS)
+    assert not can("viewer", "create", MODELS)
+    for who in ("editor", "viewer"):
+        assert not can(who, "patch", MODELS, "status") and not can(who, "update", MODELS, "status")
