@@ -96,13 +96,17 @@ def read_plan(text: str) -> BuildPlan:
     return PLANS.get(text, lambda: BuildPlan.parse(text))
 
 
+DOWNLOADS: Stage = "compress"  # a build's first stage fetches an hf:// parent into the cache, with the token
+
+
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
               config_map: str, scheduling: dict[str, Any], pool: str | None = None, reader: bool = False,
               host: HostNeed | None = None, sidecar: dict[str, Any] | None = None) -> None:
     """Create a stage's Job and what it needs (or its result reader's, without GPUs), placed by `scheduling`
     (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `host` is what
     the pod holds in host memory, where its footprint is known; a `sidecar` runs beside it (the speed Job's
-    Triton, which holds its GPUs)."""
+    Triton, which holds its GPUs). Only the stage that downloads (`DOWNLOADS`) gets the credentials Secret's
+    HF_TOKEN; the others run with the Hugging Face Hub offline."""
     jobs = spec.jobs
     distributed = stage in DISTRIBUTED_STAGES and not reader
     gpus = jobs.gpus_per_node if distributed else 1 if stage in ONE_GPU_STAGES and not reader else 0
@@ -115,7 +119,9 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
-    if spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
+    if stage != DOWNLOADS or reader:  # the parent is in the cache by now: read there, never from the hub
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    elif spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
     for manifest in stage_job(p.model, stage, generation, settings, scheduling, claim_of(p, spec), config_map,

@@ -1406,3 +1406,24 @@ def test_every_plan_the_operator_wrote_reads_back_as_the_plan_it_keeps(kube: Fak
     texts = [kube.obj("ConfigMap", name)["data"][PLAN_FILE] for name in kube.names("ConfigMap")]
     for text in texts:
         assert workloads.PLANS.get(text, lambda: None) == BuildPlan.model_validate(yaml.safe_load(text))
+
+
+def test_only_the_stage_that_downloads_gets_the_hub_token(kube: FakeKube) -> None:
+    """compress fetches an hf:// parent into the cache on the claim; every later stage and the speed Job read it
+    there with the hub offline and never see the credentials Secret."""
+    body = manifest()
+    body["spec"]["source"] = {"uri": PRIVATE_PARENT, "credentialsSecret": {"name": "m-credentials"}}
+    kube.apply(body)
+    drive(kube, "Ready")
+    seen = set()
+    for name in kube.names("Job"):
+        pod = kube.obj("Job", name)["spec"]["template"]["spec"]
+        env = {e["name"]: e for container in pod["containers"] for e in container.get("env", [])}
+        stage = kube.obj("Job", name)["metadata"]["labels"]["tailor.dev/stage"]
+        seen.add(stage)
+        if stage == "compress":
+            assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "m-credentials"
+            assert "HF_HUB_OFFLINE" not in env
+        else:
+            assert "HF_TOKEN" not in env and env["HF_HUB_OFFLINE"]["value"] == "1", name
+    assert seen == {"compress", "quantize", "evaluate", "package", "speed"}
