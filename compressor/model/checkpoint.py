@@ -253,6 +253,25 @@ def write_checkpoint(decoder: Decoder, folder: Path, config: dict[str, Any], tok
         write_metadata(staging, config, tokenizer_from)
 
 
+HUB_REPOSITORY_PREFIX = "models--"  # a Hugging Face cache's folder of one repository: snapshots link to its blobs
+
+
+def parent_file(folder: Path, name: str) -> Path | None:
+    """The parent's file `name` in `folder` (None when it has none), kept to the parent's own files: a symbolic
+    link may point only within `folder` (or, in a Hugging Face cache, its repository's folder, whose snapshots
+    link to its blobs). One that leaves, say to /proc/self/environ from a tenant's claim, is refused, never
+    copied into the child."""
+    path = folder / name
+    if not path.is_symlink():
+        return path if path.exists() else None
+    root = next((up for up in (folder, *folder.parents) if up.name.startswith(HUB_REPOSITORY_PREFIX)), folder)
+    target = path.resolve()
+    if not target.is_relative_to(root.resolve()) or not target.is_file():
+        raise CheckpointError(f"{path}: a symbolic link to {target}, outside the parent's files ({root}): "
+                              "copy the file into the folder itself")
+    return path
+
+
 def write_metadata(folder: Path, config: dict[str, Any], tokenizer_from: Path) -> None:
     """Beside a checkpoint's BF16 weights: its config.json (BF16 under both keys engines read, `dtype` and
     `torch_dtype`), the tokenizer files of `tokenizer_from`, and for a child the config class engines read it with.
@@ -266,8 +285,8 @@ def write_metadata(folder: Path, config: dict[str, Any], tokenizer_from: Path) -
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"},
                                                    indent=2) + "\n")
     for name in TOKENIZER_FILES:
-        if (tokenizer_from / name).exists():
-            shutil.copy2(tokenizer_from / name, folder / name)
+        if (source := parent_file(tokenizer_from, name)) is not None:
+            shutil.copy2(source, folder / name)
     if (folder / TOKENIZER_CONFIG).exists():
         try:
             tokenizer = json.loads((folder / TOKENIZER_CONFIG).read_text())

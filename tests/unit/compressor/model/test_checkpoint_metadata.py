@@ -73,3 +73,36 @@ def test_a_tokenizer_config_that_is_not_json_is_named(hostile_parent: Path, tmp_
     config = json.loads((hostile_parent / "config.json").read_text())
     with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not JSON"):
         write_metadata(tmp_path, config, hostile_parent)
+
+
+def test_a_tokenizer_file_linked_outside_the_parent_is_refused_not_copied(hostile_parent: Path,
+                                                                          tmp_path: Path) -> None:
+    """A tenant's claim whose tokenizer.json links to the stage's environment (its HF token) or another file of
+    the pod: the child gets nothing of it. A link within the parent's folder is fine."""
+    config = json.loads((hostile_parent / "config.json").read_text())
+    (hostile_parent / "tokenizer.json").unlink()
+    (hostile_parent / "tokenizer.json").symlink_to("/proc/self/environ")
+    child = tmp_path / "child"
+    child.mkdir()
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: a symbolic link to /proc/.*outside the parent"):
+        write_metadata(child, config, hostile_parent)
+    assert not (child / "tokenizer.json").exists()
+    (hostile_parent / "tokenizer.json").unlink()
+    (hostile_parent / "vocab.json").write_text("{}")
+    (hostile_parent / "tokenizer.json").symlink_to("vocab.json")
+    write_metadata(child, config, hostile_parent)
+    assert (child / "tokenizer.json").read_text() == "{}" and not (child / "tokenizer.json").is_symlink()
+
+
+def test_a_hub_cache_snapshot_links_to_its_blobs(smollm2: Path, tmp_path: Path) -> None:
+    """An hf:// parent as snapshot_download leaves it: every file a link into the repository's blobs."""
+    repository = tmp_path / "hub" / "models--org--parent"
+    snapshot, blobs = repository / "snapshots" / ("0" * 40), repository / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for index, name in enumerate(n for n in TOKENIZER_FILES if (smollm2 / n).exists()):
+        shutil.copy2(smollm2 / name, blobs / str(index))
+        (snapshot / name).symlink_to(Path("..", "..", "blobs", str(index)))
+    config = json.loads((smollm2 / "config.json").read_text())
+    write_metadata(tmp_path, config, snapshot)
+    assert AutoTokenizer.from_pretrained(tmp_path).encode("To be")
