@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tailor.compressor.serving.chat_template import ChatRenderer, TemplateError
 from tailor.compressor.sizing.engines import ENGINE_ARGS_FILE
 
 # OpenAI's sampling fields and what tailor's vLLM backend calls them; vLLM's own extras pass as they are
@@ -62,12 +63,14 @@ class Model:
     checkpoint: Path
     context: int
     tokenizer: Any = None
+    renderer: ChatRenderer | None = None
 
     def tokens(self, text: str) -> int:
         return len(self.load().encode(text, add_special_tokens=False))
 
-    def chat_prompt(self, messages: Any) -> str:
-        """The prompt the model's chat template makes of OpenAI `messages`."""
+    async def chat_prompt(self, messages: Any) -> str:
+        """The prompt the model's chat template makes of OpenAI `messages`, rendered in its worker
+        (`chat_template`: bounded in time and output)."""
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
         turns = []
@@ -75,11 +78,14 @@ class Model:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise RequestError(f"messages[{index}] must be an object with a role", f"messages[{index}]")
             turns.append({"role": message["role"], "content": _text(message.get("content"), index)})
-        tokenizer = self.load()
-        if not tokenizer.chat_template:
-            raise RequestError(f"model {self.name} has no chat template: use /v1/completions", "messages")
-        prompt: str = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-        return prompt
+        if self.renderer is None:
+            self.renderer = ChatRenderer(self.checkpoint)
+        try:
+            return await self.renderer.render(turns)
+        except TemplateError as error:
+            if error.missing:
+                raise RequestError(f"model {self.name} has no chat template: use /v1/completions", "messages") from None
+            raise RequestError(f"model {self.name}: {error}", "messages") from error
 
     def load(self) -> Any:
         """The model's tokenizer (its files beside the weights; no code of its own is run)."""
@@ -147,6 +153,9 @@ class Frontend:
     async def _close(self, _: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
+        for model in self.models.values():
+            if model.renderer is not None:
+                await model.renderer.close()
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -200,7 +209,7 @@ class Frontend:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body, model = await self._body(request)
-        prompt = await asyncio.to_thread(model.chat_prompt, body.get("messages"))
+        prompt = await model.chat_prompt(body.get("messages"))
         prompt_tokens = await asyncio.to_thread(model.tokens, prompt)
         return await self._generate(request, body, model, prompt, max(1, model.context - prompt_tokens), chat=True)
 
