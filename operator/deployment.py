@@ -90,8 +90,9 @@ def revision_labels(model: dict[str, Any], pool: str, generation: int) -> dict[s
 
 
 def egress_policy(model: dict[str, Any]) -> dict[str, Any]:
-    """No egress at all from the model's serving pods (Triton, its OpenAI API, the speed Job): they load only the
-    claim's files and answer on their own ports, so a checkpoint's code could reach no hub and send nothing out.
+    """No egress at all from the model's pods but the compression Job's (which downloads the parent): the later
+    stages, Triton and its OpenAI API, the speed Job. They load only the claim's files and answer on their own
+    ports, so a checkpoint's code could reach no hub and send nothing out.
     Ingress (clients, Prometheus) is left alone. Enforced where the network plugin enforces NetworkPolicy (GKE
     Dataplane V2, the EKS VPC CNI with network policies on, Calico, Cilium); elsewhere HF_HUB_OFFLINE remains."""
     selector = {**names.model_labels(model), **NO_EGRESS}

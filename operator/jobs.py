@@ -77,6 +77,10 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     return ["tailor", *args]
 
 
+DOWNLOADS: Stage = "compress"  # a build's first stage fetches an hf:// parent into the cache, with the token; the
+# others (and the speed Job, which serves) read it there offline, no egress at all (`deployment.egress_policy`)
+
+
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings,
               scheduling: dict[str, Any], claim: str, plan_config_map: str, placement: PodPlacement | None = None,
               claims: dict[str, str] | None = None, pool: str | None = None, env: list[dict[str, Any]] | None = None,
@@ -131,7 +135,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
     pod_spec.update(scheduling)
-    pod_labels = {**labels, **NO_EGRESS} if stage == "speed" else labels  # it serves: no egress, as Triton's
+    pod_labels = labels if stage == DOWNLOADS and not reader else {**labels, **NO_EGRESS}  # `egress_policy`
     pod: dict[str, Any] = {"metadata": pod_metadata(placement, pod_labels), "spec": pod_spec}
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}

@@ -12,7 +12,8 @@ from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
 from tailor.operator.decision import Pass
-from tailor.operator.jobs import JobSettings, stage_job
+from tailor.operator.deployment import egress_policy
+from tailor.operator.jobs import DOWNLOADS, JobSettings, stage_job
 from tailor.operator.manifest import finishing_condition, owned_by, owned_metadata
 from tailor.operator.memo import Memo
 from tailor.operator.resolve import mounted_claims
@@ -96,9 +97,6 @@ def read_plan(text: str) -> BuildPlan:
     return PLANS.get(text, lambda: BuildPlan.parse(text))
 
 
-DOWNLOADS: Stage = "compress"  # a build's first stage fetches an hf:// parent into the cache, with the token
-
-
 def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, generation: int,
               config_map: str, scheduling: dict[str, Any], pool: str | None = None, reader: bool = False,
               host: HostNeed | None = None, sidecar: dict[str, Any] | None = None) -> None:
@@ -106,7 +104,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `host` is what
     the pod holds in host memory, where its footprint is known; a `sidecar` runs beside it (the speed Job's
     Triton, which holds its GPUs). Only the stage that downloads (`DOWNLOADS`) gets the credentials Secret's
-    HF_TOKEN; the others run with the Hugging Face Hub offline."""
+    HF_TOKEN and egress; the others run with the Hugging Face Hub offline, under the model's no-egress policy."""
     jobs = spec.jobs
     distributed = stage in DISTRIBUTED_STAGES and not reader
     gpus = jobs.gpus_per_node if distributed else 1 if stage in ONE_GPU_STAGES and not reader else 0
@@ -121,6 +119,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
     if stage != DOWNLOADS or reader:  # the parent is in the cache by now: read there, never from the hub
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+        p.create(egress_policy(p.model))  # and none of its pods reaches out (they carry NO_EGRESS)
     elif spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.source.credentials_secret.name, "key": "HF_TOKEN", "optional": True}}})
