@@ -5,6 +5,7 @@ pod) and test_operator.py (an operator process with the chart's ServiceAccount t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.request
@@ -359,3 +360,28 @@ def test_tenants_get_compressedmodels_through_edit_and_view_but_never_the_status
     assert not can("viewer", "create", MODELS)
     for who in ("editor", "viewer"):
         assert not can(who, "patch", MODELS, "status") and not can(who, "update", MODELS, "status")
+
+
+def test_only_the_operator_writes_tailor_annotations(api: client.ApiClient, namespace: str,
+                                                     installed_operator: InstalledOperator,
+                                                     kubectl: Callable[..., Any]) -> None:
+    """kopf keeps the operator's progress in tailor.dev/ annotations: a tenant (edit in the namespace) who writes
+    one, on create or later, is refused by the admission policy; their own annotations are theirs."""
+    from corpus import patched
+
+    kubectl("create", "serviceaccount", "tenant", "-n", namespace)
+    kubectl("create", "rolebinding", "tenant", "--clusterrole=edit", f"--serviceaccount={namespace}:tenant",
+            "-n", namespace)
+    tenant = ["-n", namespace, f"--as=system:serviceaccount:{namespace}:tenant"]
+    forged = patched({"metadata": {"name": "forged", "annotations": {"tailor.dev/handler.x": "{}"}}})
+    body = json.dumps({"apiVersion": "tailor.dev/v1alpha1", "kind": "CompressedModel", **forged})
+    refused = wait_for("the tenant role and the policy", lambda: (
+        answer := kubectl("create", "-f", "-", *tenant, stdin=body, check=False)).returncode != 0
+        and "tailor.dev/ are the operator's" in answer.stderr and answer, timeout_s=60)
+    assert "ValidatingAdmissionPolicy" in refused.stderr
+    own = json.dumps({"apiVersion": "tailor.dev/v1alpha1", "kind": "CompressedModel",
+                      **patched({"metadata": {"name": "own", "annotations": {"team.example.com/owner": "ml"}}})})
+    kubectl("create", "-f", "-", *tenant, stdin=own)
+    later = kubectl("annotate", "compressedmodels", "own", "tailor.dev/handler.x={}", *tenant, check=False)
+    assert later.returncode != 0 and "tailor.dev/ are the operator's" in later.stderr
+    kubectl("annotate", "compressedmodels", "own", "team.example.com/owner=research", "--overwrite", *tenant)
