@@ -14,6 +14,7 @@ generation and leaves the serving revision alone.
 
 from __future__ import annotations
 
+import json
 import math
 
 import yaml
@@ -44,6 +45,7 @@ from tailor.operator.conditions import (
     without,
 )
 from tailor.operator.decision import Decision, Pass, read_status
+from tailor.operator.memo import Memo
 from tailor.operator.observe import Observed
 from tailor.operator.placement import gpu_terms, scheduling
 from tailor.operator.progress import parse as parse_progress
@@ -240,13 +242,15 @@ def delete_superseded_jobs(p: Pass) -> None:
 def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -> bool:
     """Advance one build stage; True once it has succeeded."""
     progress = p.stage(names.STAGE_NAMES[stage])
+    name = names.job_name(p.name, p.build.generation, stage)
+    if progress.state == "Succeeded":
+        check_recorded(p, spec, plan, stage, name, progress)
     if stage == "evaluate":
         regate(p, plan, progress)
     if progress.state == "Succeeded":
         return True
     if progress.state == "Failed":
         raise Refused(progress.reason or Reason.JOB_FAILED, progress.message or f"{progress.name} failed")
-    name = names.job_name(p.name, p.build.generation, stage)
     try:
         job = p.owned("Job", name)
         if job is None:
@@ -293,6 +297,8 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 return False
         if not message:
             raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
+        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
+                  "data": {RESULT_KEY: message}})  # the record `check_recorded` holds the status to, pass or fail
         result = record(p, spec, plan, stage, message)
     except Refused as refused:
         progress.reason, progress.message = refused.reason, refused.message
@@ -332,6 +338,50 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     except Refused as refused:
         raise Refused(Reason.NO_RESULT, f"Job {job} succeeded and its pod is gone; reading its result from the "
                                         f"claim failed: {refused.message}") from refused
+
+
+RESULT_KEY = "result"  # of a stage's record: its result as the operator read it from the stage's Job
+CHECKED: Memo[bool] = Memo(4096)  # (record, status fields) already found to agree
+
+
+def check_recorded(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, name: str,
+                   progress: StageProgress) -> None:
+    """A stage the status says succeeded is held to its record: the immutable ConfigMap of the stage's name the
+    operator made from the Job's result. Re-applied, it must give the status fields it gave (the build's, the
+    quality report, the architecture); a status written by anyone else is put back as recorded, with a Warning,
+    and a quality verdict the record does not support fails as it would have. A stage without a record is read
+    again from its Job (its pod's message, or the claim's through a reader), unless its build is older than
+    records (its plan ConfigMap says so): then its status is taken as it is."""
+    found = p.owned("ConfigMap", name)
+    if found is None:
+        built = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation)) or {}
+        if names.RECORDS in (built.get("metadata", {}).get("annotations") or {}):
+            progress.state, progress.reason, progress.message = "Running", None, "no record of its result: read again"
+        return
+    message = str((found.get("data") or {}).get(RESULT_KEY, ""))
+    fields = (p.status.build, p.status.quality, p.status.architecture)
+    key = (name, message, json.dumps([f and f.model_dump(mode="json") for f in fields], sort_keys=True))
+    if CHECKED.find(key):
+        return
+    floor = p.status.quality.min_quality_retention if p.status.quality else None
+    if stage == "evaluate" and floor is not None:  # the verdict at the floor it was decided at: another is `regate`'s
+        plan = plan.model_copy(update={"evaluate": plan.evaluate.model_copy(update={"min_retention": floor})})
+    scratch = Pass(p.world, p.settings, p.status.model_copy(deep=True))
+    refused = None
+    try:
+        record(scratch, spec, plan, stage, message)
+    except Refused as error:
+        refused = error
+    restored = (scratch.status.build, scratch.status.quality, scratch.status.architecture)
+    if restored != fields:
+        p.status.build, p.status.quality, p.status.architecture = restored
+        p.event("StatusRestored", f"the status of the {stage} result differed from the operator's record "
+                                  f"(ConfigMap {name}): put back as recorded", warning=True)
+    if refused is not None:
+        progress.state, progress.reason, progress.message = "Failed", refused.reason, refused.message
+        raise refused
+    if restored == fields:
+        CHECKED.put(key, True)
 
 
 def record(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, message: str) -> StageResult:

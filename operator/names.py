@@ -18,6 +18,7 @@ MODEL = f"{GROUP}/model"
 MODEL_UID = f"{GROUP}/model-uid"  # on objects not owned through ownerReferences (the claim)
 STAGE = f"{GROUP}/stage"
 GENERATION = f"{GROUP}/generation"
+RECORDS = f"{GROUP}/records"  # on a plan ConfigMap: its build's stage results are recorded (`decide.check_recorded`)
 POOL = f"{GROUP}/pool"
 REVISION = f"{GROUP}/revision"
 MANAGED = {MANAGED_BY: "tailor"}

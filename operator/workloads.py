@@ -88,7 +88,9 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
     if p.owned("ConfigMap", name) is None:
         text = plan.dump()
         PLANS.put(text, plan)  # it reads back equal (tests/unit/test_operator_resolve.py)
-        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
+        meta = p.meta(name)
+        meta["annotations"] = {names.RECORDS: "results"}
+        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
                   "data": {PLAN_FILE: text}})
 
 

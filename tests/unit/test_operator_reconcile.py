@@ -294,6 +294,52 @@ def test_the_operator_decides_the_gate_from_the_scores_not_the_pods_verdict(kube
     assert failed.status.quality.passed is False and not kube.names("Deployment")
 
 
+def test_a_forged_gate_verdict_in_the_status_fails_as_the_record_says(kube: FakeKube) -> None:
+    """Someone given compressedmodels/status marks a failed gate passed: the operator holds the status to its
+    record of the evaluation (an immutable ConfigMap it made from the Job's result) and fails it again, deploying
+    nothing."""
+    results = published_results()
+    results[RESULT_ANNOTATION.format(stage="evaluate")] = GateResult(
+        parent_score=0.60, child_score=0.30, retention=0.5, min_retention=0.97, passed=False, parent_perplexity=5.0,
+        child_perplexity=9.0, kl_to_parent=0.5, tokens=4096).message()
+    kube.apply(manifest(results=results))
+    drive(kube, "Failed")
+    status = kube.status("m")
+    forged = {"phase": "Evaluating", "conditions": [],
+              "quality": {**status["quality"], "childScore": 0.6, "retention": 1.0, "passed": True},
+              "stages": [{**stage, "state": "Succeeded", "reason": "JobSucceeded"} for stage in status["stages"]]}
+    kube.patch("tenant", "CompressedModel", "ns", "m", {"status": forged})
+    failed = drive(kube, "Failed")
+    assert kube.condition("m", "Failed")["reason"] == "QualityGateFailed" and not kube.names("Deployment")
+    assert failed.status.quality is not None and failed.status.quality.child_score == 0.30
+
+
+def test_a_gate_forged_passed_before_its_job_ends_is_read_again(kube: FakeKube) -> None:
+    """No record yet (the evaluation Job runs): a status that says it succeeded is not taken; the stage is read
+    again from its Job, which has not ended, and nothing is packaged or deployed."""
+    kube.apply(manifest())
+    drive(kube, "Evaluating")
+    status = kube.status("m")
+    forged = {"quality": {"metric": "next_token_accuracy", "parentScore": 0.6, "childScore": 0.6, "retention": 1.0,
+                          "minQualityRetention": 0.97, "passed": True},
+              "stages": [{**stage, "state": "Succeeded"} for stage in status["stages"]]}
+    kube.patch("tenant", "CompressedModel", "ns", "m", {"status": forged})
+    assert step(kube).phase == "Evaluating"
+    assert not [name for name in kube.names("Job") if "package" in name] and not kube.names("Deployment")
+    assert next(s for s in kube.status("m")["stages"] if s["name"] == "Evaluate")["state"] == "Running"
+
+
+def test_a_forged_build_in_the_status_is_put_back_as_recorded(kube: FakeKube) -> None:
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    recorded = kube.status("m")["build"]
+    kube.patch("tenant", "CompressedModel", "ns", "m", {"status": {"build": {"childConfig": pack_config(LLAMA),
+                                                                             "weightBytes": 1}}})
+    step(kube)
+    assert kube.status("m")["build"] == recorded
+    assert any(reason == "StatusRestored" for _, reason, _ in kube.events)
+
+
 def test_a_deployment_change_rolls_out_beside_the_serving_revision(kube: FakeKube) -> None:
     kube.apply(manifest())
     drive(kube, "Ready")
@@ -1402,8 +1448,11 @@ def test_every_plan_the_operator_wrote_reads_back_as_the_plan_it_keeps(kube: Fak
     text parses to, as the Jobs read it."""
     kube.apply(manifest())
     drive(kube, "Ready")
-    assert kube.names("ConfigMap") == ["m-g1-package-h100", "m-g1-plan"]  # the a100 pool is skipped
-    texts = [kube.obj("ConfigMap", name)["data"][PLAN_FILE] for name in kube.names("ConfigMap")]
+    assert kube.names("ConfigMap") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100", "m-g1-plan",
+                                       "m-g1-quantize"]  # the stages' records; the a100 pool is skipped
+    texts = [data[PLAN_FILE] for name in kube.names("ConfigMap") if PLAN_FILE in (data := kube.obj("ConfigMap",
+                                                                                                   name)["data"])]
+    assert len(texts) == 2
     for text in texts:
         assert workloads.PLANS.get(text, lambda: None) == BuildPlan.model_validate(yaml.safe_load(text))
 
