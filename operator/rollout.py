@@ -179,8 +179,11 @@ def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: 
     p.create(egress_policy(p.model))
     if p.settings.serving_ingress is not None:
         p.create(ingress_policy(p.model, p.settings.serving_ingress))
-    for manifest in manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation,
-                              image, engine_config, p.settings.serving_service_account, p.settings.job_image):
+    made = manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation, image,
+                     engine_config, p.settings.serving_service_account, p.settings.job_image)
+    # the Deployment last: while a name of its PodDisruptionBudget or HPA is another's (refused, OwnedElsewhere) no
+    # revision exists, so every pass sends them again and the model stays failed until that object goes
+    for manifest in sorted(made, key=lambda made_one: made_one["kind"] == "Deployment"):
         p.create(manifest)
     p.event("RevisionCreated", f"created Deployment {names.revision_name(p.name, sized.name, p.generation)}: "
                                f"{sized.replicas} replica(s) x {sized.tensor_parallel} GPU(s), "

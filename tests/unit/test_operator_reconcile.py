@@ -998,6 +998,20 @@ def test_a_name_another_object_holds_fails_the_model_and_that_object_is_left_alo
     assert kube.obj("NetworkPolicy", "m-ingress") == theirs and "m-no-egress" not in kube.names("NetworkPolicy")
 
 
+def test_a_revision_whose_hpa_name_is_taken_is_not_made_and_stays_failed(kube: FakeKube) -> None:
+    """The revision's companions are created before it: with the HPA's name another's, no Deployment is made, so
+    every later pass asks again and fails again, instead of serving beside an HPA that is not its own."""
+    kube.create("admin", {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                          "metadata": {"name": "m-h100-g1", "namespace": "ns"}, "spec": {}})
+    kube.apply(manifest())
+    drive(kube, "Failed")
+    for _ in range(3):
+        controllers(kube)
+        assert step(kube).phase == "Failed"
+    assert "HorizontalPodAutoscaler m-h100-g1 exists" in kube.condition("m", "Failed")["message"]
+    assert "m-h100-g1" not in kube.names("Deployment")
+
+
 def test_a_model_refused_a_name_goes_on_once_that_object_is_removed(kube: FakeKube) -> None:
     kube.create("admin", ADMINS_POLICY)
     kube.apply(manifest())
