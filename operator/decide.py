@@ -14,6 +14,7 @@ generation and leaves the serving revision alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -341,7 +342,7 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
 
 
 RESULT_KEY = "result"  # of a stage's record: its result as the operator read it from the stage's Job
-CHECKED: Memo[bool] = Memo(4096)  # (record, status fields) already found to agree
+CHECKED: Memo[bool] = Memo(4096)  # digests of (record, status fields) already found to agree
 
 
 def check_recorded(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage, name: str,
@@ -360,7 +361,8 @@ def check_recorded(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: S
         return
     message = str((found.get("data") or {}).get(RESULT_KEY, ""))
     fields = (p.status.build, p.status.quality, p.status.architecture)
-    key = (name, message, json.dumps([f and f.model_dump(mode="json") for f in fields], sort_keys=True))
+    key = hashlib.sha256(json.dumps([name, message, *(f and f.model_dump(mode="json") for f in fields)],
+                                    sort_keys=True).encode()).hexdigest()  # kept small: a fleet's worth fit
     if CHECKED.find(key):
         return
     floor = p.status.quality.min_quality_retention if p.status.quality else None
