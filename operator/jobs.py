@@ -77,8 +77,13 @@ def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:
     return ["tailor", *args]
 
 
-DOWNLOADS: Stage = "compress"  # a build's first stage fetches an hf:// parent into the cache, with the token; the
-# others (and the speed Job, which serves) read it there offline, no egress at all (`deployment.egress_policy`)
+DOWNLOADS: Stage = "compress"  # a build's first stage fetches an hf:// parent into the cache, with the token
+
+
+def downloads(stage: Stage, reader: bool) -> bool:
+    """Whether the Job of `stage` (its result `reader`'s, if so) may reach the hub. The others (and the speed Job,
+    which serves) read the parent from the cache offline, with no egress at all (`deployment.egress_policy`)."""
+    return stage == DOWNLOADS and not reader
 
 
 def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: JobSettings,
@@ -135,7 +140,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         pod_spec["initContainers"] = [sidecar]
         pod_spec["shareProcessNamespace"] = True
     pod_spec.update(scheduling)
-    pod_labels = labels if stage == DOWNLOADS and not reader else {**labels, **NO_EGRESS}  # `egress_policy`
+    pod_labels = labels if downloads(stage, reader) else {**labels, **NO_EGRESS}
     pod: dict[str, Any] = {"metadata": pod_metadata(placement, pod_labels), "spec": pod_spec}
     spec: dict[str, Any] = {"backoffLimit": settings.backoff_limit,
                             "activeDeadlineSeconds": settings.active_deadline_seconds, "template": pod}

@@ -13,7 +13,7 @@ from tailor.operator.api import CompressedModelSpec
 from tailor.operator.conditions import Reason, Refused
 from tailor.operator.decision import Pass
 from tailor.operator.deployment import egress_policy
-from tailor.operator.jobs import DOWNLOADS, JobSettings, stage_job
+from tailor.operator.jobs import JobSettings, downloads, stage_job
 from tailor.operator.manifest import finishing_condition, owned_by, owned_metadata
 from tailor.operator.memo import Memo
 from tailor.operator.resolve import mounted_claims
@@ -105,7 +105,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     """Create a stage's Job and what it needs (or its result reader's, without GPUs), placed by `scheduling`
     (`placement.scheduling`) and queued in the spec's (or the operator's) Kueue queue, if any; `host` is what
     the pod holds in host memory, where its footprint is known; a `sidecar` runs beside it (the speed Job's
-    Triton, which holds its GPUs). Only the stage that downloads (`DOWNLOADS`) gets the credentials Secret's
+    Triton, which holds its GPUs). Only the stage that downloads (`jobs.downloads`) gets the credentials Secret's
     HF_TOKEN and egress; the others run with the Hugging Face Hub offline, under the model's no-egress policy."""
     jobs = spec.jobs
     distributed = stage in DISTRIBUTED_STAGES and not reader
@@ -119,7 +119,7 @@ def start_job(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
     service_account(p, p.settings.job_service_account)
     plan_config_map(p, config_map, plan)
     env: list[dict[str, Any]] = [{"name": "TAILOR_CACHE_DIR", "value": plan.layout.cache}]
-    if stage != DOWNLOADS or reader:  # the parent is in the cache by now: read there, never from the hub
+    if not downloads(stage, reader):  # the parent is in the cache by now: read there, never from the hub
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
         p.create(egress_policy(p.model))  # and none of its pods reaches out (they carry NO_EGRESS)
     elif spec.source.credentials_secret is not None:  # an hf:// token; nothing else of the Secret is read
