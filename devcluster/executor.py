@@ -56,6 +56,7 @@ import contextlib
 import datetime
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -137,11 +138,36 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+PORT_FLOOR = 24000  # above the devcluster's own fixed ports (`cluster.Ports`)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives outgoing connections as their source port."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on loopback for a server to bind later, one this process has not handed out before.
+
+    It lies below the kernel's ephemeral range: a port from `bind(0)` is one the kernel may give the next outgoing
+    connection as its source port before the server binds it (the server then fails with EADDRINUSE), which a busy
+    test suite made happen."""
+    ceiling = max(_ephemeral_floor(), PORT_FLOOR + 1000)  # a range set unusually low: share it
+    candidates = [port for port in range(PORT_FLOOR, ceiling) if port not in _handed_out]
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port between {PORT_FLOOR} and {ceiling}")
 
 
 @dataclass

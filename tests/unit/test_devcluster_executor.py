@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -193,6 +194,15 @@ def test_servers_are_bound_to_loopback_whatever_their_args_say() -> None:
                                                                                     "x"]
 
 
+def test_free_ports_are_distinct_bindable_and_never_an_outgoing_connections_source_port() -> None:
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [executor_module.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports), "a port was handed out twice"
+    assert all(executor_module.PORT_FLOOR <= port < floor for port in ports), "a port in the ephemeral range"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
+
+
 def _listeners(port: int) -> set[str]:
     """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
     found = set()
@@ -223,7 +233,15 @@ def test_tritonserver_listens_on_loopback_only(tmp_path: Path) -> None:
     local = executor.start(running)
     try:
         mapped = [local.ports[name] for name in ("http", "grpc", "metrics")]
-        wait_for("tritonserver to listen on its three ports", lambda: all(_listeners(p) for p in mapped), 90)
+        (server,) = local.containers
+
+        def listening() -> bool:
+            if server.process is not None and server.process.poll() is not None:
+                output = server.log_file.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"tritonserver exited; the end of its output:\n{output}")
+            return all(_listeners(p) for p in mapped)
+
+        wait_for("tritonserver to listen on its three ports", listening, 90)
         exposed = {port: _listeners(port) - LOOPBACK_HEX for port in mapped}
         assert exposed == {port: set() for port in mapped}, "tritonserver listens beyond loopback"
     finally:
