@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -138,6 +139,7 @@ def start_build(p: Pass, spec: CompressedModelSpec) -> None:
     failed (a retry); otherwise this generation reuses the last build. A failed quality gate is not retried:
     the same inputs give the same child (a new floor decides it again, `floor_plan`)."""
     digest = fingerprint(spec)
+    hold_fingerprint(p, spec)
     build, new_generation = p.status.build, p.status.observed_generation != p.generation
     if build is not None and build.fingerprint == fingerprint(spec, floor=True):  # recorded with the floor in it
         build = p.status.build = build.model_copy(update={"fingerprint": digest})
@@ -157,6 +159,26 @@ def start_build(p: Pass, spec: CompressedModelSpec) -> None:
     p.status.stages, p.status.architecture, p.status.quality = [], None, None
     p.status.conditions = without(p.status.conditions, FAILED, *BUILD_CONDITIONS)
     p.event("BuildStarted", f"generation {p.generation} builds new artifacts (fingerprint {digest})")
+
+
+def hold_fingerprint(p: Pass, spec: CompressedModelSpec) -> None:
+    """The build's fingerprint is the one its plan ConfigMap (the operator's, which its Jobs read) records, once
+    that exists: a status that says otherwise, written by anyone else to pass a changed spec off as the built one,
+    is put back, with a Warning, and the spec is built afresh. A plan that recorded the floor in its fingerprint
+    (before the floor left it) stands for the spec's inputs when the spec, at that plan's floor, gives it."""
+    build = p.status.build
+    written = None if build is None else p.owned("ConfigMap", names.plan_name(p.name, build.generation))
+    if build is None or written is None:
+        return
+    plan = plan_in(written)
+    at_floor = spec.model_copy(update={"compression": spec.compression.model_copy(
+        update={"min_quality_retention": plan.evaluate.min_retention})})
+    inputs = {fingerprint(spec), fingerprint(at_floor, floor=True)}  # the spec's, also as recorded with the floor
+    if build.fingerprint != plan.fingerprint and not {build.fingerprint, plan.fingerprint} <= inputs:
+        p.status.build = build.model_copy(update={"fingerprint": plan.fingerprint})
+        p.event("StatusRestored", f"status.build.fingerprint {build.fingerprint!r} is not the one generation "
+                                  f"{build.generation}'s plan records (ConfigMap {written['metadata']['name']}): put "
+                                  f"back as {plan.fingerprint!r}", warning=True)
 
 
 def kept(p: Pass) -> list[int]:
@@ -206,12 +228,17 @@ def written_plan(p: Pass) -> tuple[int, BuildPlan] | None:
         config_map = p.owned("ConfigMap", names.plan_name(p.name, generation))
         if config_map is None:
             continue
-        try:
-            return generation, read_plan((config_map.get("data") or {})[PLAN_FILE])
-        except (KeyError, yaml.YAMLError, ValidationError) as error:
-            raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
-                                               f"plan: {error}") from error
+        return generation, plan_in(config_map)
     return None
+
+
+def plan_in(config_map: dict[str, Any]) -> BuildPlan:
+    """The plan a plan ConfigMap holds; one that holds none fails the build, naming it."""
+    try:
+        return read_plan((config_map.get("data") or {})[PLAN_FILE])
+    except (KeyError, yaml.YAMLError, ValidationError) as error:
+        raise Refused(Reason.INVALID_PLAN, f"ConfigMap {config_map['metadata']['name']} does not hold a build "
+                                           f"plan: {error}") from error
 
 
 def floor_plan(p: Pass, plan: BuildPlan, floor: float) -> BuildPlan:
@@ -351,12 +378,13 @@ def check_recorded(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: S
     operator made from the Job's result. Re-applied, it must give the status fields it gave (the build's, the
     quality report, the architecture); a status written by anyone else is put back as recorded, with a Warning,
     and a quality verdict the record does not support fails as it would have. A stage without a record is read
-    again from its Job (its pod's message, or the claim's through a reader), unless its build is older than
-    records (its plan ConfigMap says so): then its status is taken as it is."""
+    again from its Job (its pod's message, or the claim's through a reader), as is one whose build has no plan
+    ConfigMap, unless its build is older than records (its plan ConfigMap says so): then its status is taken as
+    it is."""
     found = p.owned("ConfigMap", name)
     if found is None:
-        built = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation)) or {}
-        if names.RECORDS in (built.get("metadata", {}).get("annotations") or {}):
+        built = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation))
+        if built is None or names.RECORDS in (built.get("metadata", {}).get("annotations") or {}):
             progress.state, progress.reason, progress.message = "Running", None, "no record of its result: read again"
         return
     message = str((found.get("data") or {}).get(RESULT_KEY, ""))

@@ -424,7 +424,7 @@ def test_a_build_recorded_before_the_floor_left_the_fingerprint_is_kept() -> Non
                "quality": {key: value for key, value in PASSED.items() if key != "minQualityRetention"}}
     decision = decide(world(BODY, earlier, plan_map(BODY), package_map(), revision(1), service(1)), SETTINGS)
     assert decision.phase == "Ready"
-    assert not {"BuildStarted", "QualityGateRedecided"} & {event.reason for event in decision.events}
+    assert not {"BuildStarted", "QualityGateRedecided", "StatusRestored"} & {event.reason for event in decision.events}
     assert decision.status.build is not None and decision.status.build.fingerprint == fingerprint(spec)
     assert decision.status.quality is not None and decision.status.quality.min_quality_retention == 0.97
 

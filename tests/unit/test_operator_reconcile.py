@@ -24,7 +24,7 @@ from tailor.compressor.sizing.engines import Engine
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, SIMULATED, published_results
 from tailor.operator import execute, handlers, names, workloads
-from tailor.operator.api import TRITON_VLLM_IMAGE, NodePoolTarget
+from tailor.operator.api import TRITON_VLLM_IMAGE, CompressedModelSpec, NodePoolTarget
 from tailor.operator.decision import (
     PROGRESS_REQUEUE_S,
     QUEUED_REQUEUE_S,
@@ -39,6 +39,7 @@ from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.manifest import job_finished, owned_by
 from tailor.operator.observe import termination_messages
 from tailor.operator.placement import gpu_terms
+from tailor.operator.resolve import fingerprint
 from tailor.operator.settings import OperatorSettings
 
 from compressedmodels import H100, PRIVATE_PARENT, REPO, SETTINGS, builtin_super, manifest
@@ -338,6 +339,33 @@ def test_a_forged_build_in_the_status_is_put_back_as_recorded(kube: FakeKube) ->
     step(kube)
     assert kube.status("m")["build"] == recorded
     assert any(reason == "StatusRestored" for _, reason, _ in kube.events)
+
+
+def test_a_forged_fingerprint_does_not_pass_a_changed_spec_off_as_the_built_one(kube: FakeKube) -> None:
+    """Someone given compressedmodels/status changes the build inputs and writes the new spec's fingerprint into
+    status.build: the operator holds the fingerprint to the build's plan ConfigMap and builds the new spec."""
+    kube.apply(manifest())
+    drive(kube, "Ready")
+    kube.update_spec("m", {"compression": {"rounds": 2}})
+    changed = CompressedModelSpec.model_validate(kube.obj("CompressedModel", "m")["spec"])
+    kube.patch("tenant", "CompressedModel", "ns", "m", {"status": {"build": {"fingerprint": fingerprint(changed)}}})
+    step(kube)
+    assert "m-g2-compress" in kube.names("Job"), "the changed spec was not built"
+    assert any(reason == "StatusRestored" and "fingerprint" in message for _, reason, message in kube.events)
+
+
+def test_a_stage_whose_build_has_no_plan_is_read_again(kube: FakeKube) -> None:
+    """A status that points the build at a generation the operator never planned is not taken: its stages are
+    read again, and nothing is deployed from it."""
+    kube.apply(manifest())
+    drive(kube, "Evaluating")
+    status = kube.status("m")
+    forged = {"build": {**status["build"], "generation": 7},
+              "stages": [{**stage, "state": "Succeeded"} for stage in status["stages"]]}
+    kube.patch("tenant", "CompressedModel", "ns", "m", {"status": forged})
+    step(kube)
+    assert not kube.names("Deployment") and not [name for name in kube.names("Job") if "package" in name]
+    assert next(s for s in kube.status("m")["stages"] if s["name"] == "Compress")["state"] == "Running"
 
 
 def test_a_deployment_change_rolls_out_beside_the_serving_revision(kube: FakeKube) -> None:
