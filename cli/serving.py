@@ -52,6 +52,8 @@ def _package(args: argparse.Namespace) -> int:
                            sizing=pool.sizing, vllm_args=pool.engine_args)
         if pool.measure_speedup:
             _package_pair(plan)
+        if args.result_file is not None:
+            _code_result(plan, [folder, plan.layout.speed(pool.generation, pool.name)], args.result_file)
     else:
         needs(args, "model", "out", "name")
         gpu = GpuCatalog.load(args.profiles).get(args.gpu)
@@ -63,6 +65,17 @@ def _package(args: argparse.Namespace) -> int:
                            tensor_parallel=args.tensor_parallel, mount=args.mount)
     print(settings.model_dump_json(indent=2))
     return 0
+
+
+def _code_result(plan: Any, folders: list[str], result_file: Path) -> None:
+    """The digests of the code the package's repositories run (`codecheck`), for the operator to record."""
+    from tailor.compressor.buildplan import REPOSITORY
+    from tailor.compressor.results import PackageResult, write_result
+    from tailor.compressor.serving.codecheck import digests
+
+    root = Path(plan.layout.root)
+    repositories = [root / folder / REPOSITORY for folder in folders if (root / folder / REPOSITORY).is_dir()]
+    write_result(PackageResult(code=digests(root, repositories)), result_file)
 
 
 def _package_pair(plan: Any) -> None:
@@ -215,6 +228,8 @@ def add_parsers(nouns: Any) -> None:
     pack.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                       help="compute dtype; auto: bfloat16 where the serving device has BF16 math (this CPU for "
                            "--gpu cpu), else float32")
+    pack.add_argument("--result-file", type=Path, help="with --plan: also write the digests of the code the "
+                                                       "package runs here (a Job's termination log)")
     pack.add_argument("--stream", action="store_true",
                       help="tailor-python: decoupled, one response per token (vllm models always are)")
     pack.set_defaults(run=_package)

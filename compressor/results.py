@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tailor.compressor.files import write_text
 
@@ -26,6 +26,7 @@ TERMINATION_MESSAGE_BYTES = 4096  # what Kubernetes keeps of /dev/termination-lo
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; more is not a config
 MAX_PARAMS = 10**14
 MAX_JSON_DEPTH = 64  # a config.json nests 3 or 4 levels
+MAX_CODE_FILES = 24  # a package's repositories hold one or two models, each with four or five code files
 STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 BRACKETS = re.compile(r"[\[\]{}]")
 Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -156,6 +157,33 @@ class SpeedResult(StageResult):
     rounds: int = Field(ge=0, le=16)
     ratios: list[SpeedRatio] = Field(default_factory=list, max_length=16)
     skipped: str | None = Field(None, max_length=1024)
+
+
+CodePath = Annotated[str, Field(max_length=512, pattern=r"^[A-Za-z0-9_+=@-][A-Za-z0-9._/+=@-]*$")]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class PackageResult(StageResult):
+    """`tailor package --plan --result-file`: the SHA-256 of each file that decides what code the served model
+    runs (`serving.codecheck`), by its path under the claim's root; every Triton container checks them."""
+
+    stage: Literal["package"] = "package"
+    code: dict[CodePath, Sha256] = Field(max_length=MAX_CODE_FILES)
+
+    @model_validator(mode="after")
+    def _complete(self) -> PackageResult:
+        if any(".." in path.split("/") for path in self.code):
+            raise ValueError("a code path leaves the claim ('..')")
+        if not self.code and self.simulated is None:
+            raise ValueError("no code digests: a package holds at least its model.py and config.pbtxt")
+        return self
+
+    def under(self, folder: str) -> dict[str, str] | None:
+        """The digests of the code in `folder` (relative to the claim's root); None for a simulated package, whose
+        pods kwok runs (nothing to check)."""
+        if self.simulated is not None:
+            return None
+        return {path: digest for path, digest in self.code.items() if path.startswith(f"{folder}/")}
 
 
 def write_result(result: StageResult, path: Path) -> None:

@@ -601,7 +601,9 @@ class Executor:
         if not argv:
             raise ValueError(f"container {spec['name']}: the executor runs command/args; it cannot read the image's "
                              "entrypoint")
-        argv = loopback_args(argv)
+        # a server started by a command before it (Triton's code check, `codecheck`, execs it) is set up the same
+        at = next((i for i, arg in enumerate(argv) if Path(arg).name == "tritonserver"), 0)
+        wrapper, argv = argv[:at], loopback_args(argv[at:])
         api = dict(self.api_env)
         if SERVICE_ACCOUNT_MOUNT in local.paths:  # nothing can be mounted at the standard path here
             api["TAILOR_SERVICE_ACCOUNT_DIR"] = local.paths[SERVICE_ACCOUNT_MOUNT]
@@ -616,6 +618,7 @@ class Executor:
 
             argv, runtime = local_command(argv[1:], work)
             bin_dir = Path(runtime.pop("PATH").split(os.pathsep)[0])
+        argv = [*wrapper, *argv]
         env = pod_env(given, os.environ, bin_dir, local.folder, local.name, api, runtime)
         if shutil.which(argv[0], path=env["PATH"]) is None:
             raise FileNotFoundError(f"container {spec['name']}: {argv[0]}: no such command on PATH {env['PATH']}")

@@ -59,8 +59,10 @@ from tailor.operator.workloads import (
     claim_of,
     claim_ready,
     job_outcome,
+    keep_record,
     plan_config_map,
     read_plan,
+    recorded,
     start_job,
 )
 
@@ -325,8 +327,7 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage) -
                 return False
         if not message:
             raise Refused(Reason.NO_RESULT, f"Job {name} succeeded without a result in its termination message")
-        p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
-                  "data": {RESULT_KEY: message}})  # the record `check_recorded` holds the status to, pass or fail
+        keep_record(p, name, message)  # what `check_recorded` holds the status to, pass or fail
         result = record(p, spec, plan, stage, message)
     except Refused as refused:
         progress.reason, progress.message = refused.reason, refused.message
@@ -368,7 +369,6 @@ def read_back(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: Stage,
                                         f"claim failed: {refused.message}") from refused
 
 
-RESULT_KEY = "result"  # of a stage's record: its result as the operator read it from the stage's Job
 CHECKED: Memo[bool] = Memo(4096)  # digests of (record, status fields) already found to agree
 
 
@@ -381,13 +381,12 @@ def check_recorded(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, stage: S
     again from its Job (its pod's message, or the claim's through a reader), as is one whose build has no plan
     ConfigMap, unless its build is older than records (its plan ConfigMap says so): then its status is taken as
     it is."""
-    found = p.owned("ConfigMap", name)
-    if found is None:
+    message = recorded(p, name)
+    if message is None:
         built = p.owned("ConfigMap", names.plan_name(p.name, p.build.generation))
         if built is None or names.RECORDS in (built.get("metadata", {}).get("annotations") or {}):
             progress.state, progress.reason, progress.message = "Running", None, "no record of its result: read again"
         return
-    message = str((found.get("data") or {}).get(RESULT_KEY, ""))
     fields = (p.status.build, p.status.quality, p.status.architecture)
     key = hashlib.sha256(json.dumps([name, message, *(f and f.model_dump(mode="json") for f in fields)],
                                     sort_keys=True).encode()).hexdigest()  # kept small: a fleet's worth fit

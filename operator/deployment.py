@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tailor.compressor.buildplan import MODELS_MOUNT, repository_in_pod
+from tailor.compressor.serving import codecheck
 from tailor.compressor.sizing.engines import Engine
 from tailor.compressor.sizing.hardware import GpuProfile
 from tailor.compressor.sizing.hostmemory import HostNeed
@@ -206,15 +208,21 @@ def offline_env() -> list[dict[str, str]]:
 
 
 def triton_container(repository: str, image: str, resources: dict[str, Any], mounts: list[dict[str, Any]],
-                     *args: str) -> dict[str, Any]:
+                     code: Mapping[str, str] | None, *args: str) -> dict[str, Any]:
     """Triton serving `repository` on `PORTS` (and `args`), ready once its models are: a pool's replica and the
-    speed Job's sidecar each add to it."""
+    speed Job's sidecar each add to it. It first checks the repository's code against the digests its package Job
+    handed back (`code`, paths under the claim's root; `codecheck`), unless there are none (a simulated package)."""
+    server = ["tritonserver", f"--model-repository={repository}",
+              *(f"--{name}-port={port}" for name, port in PORTS.items()), *args]
+    env = offline_env()
+    command, arguments = server[:1], server[1:]
+    if code is not None:
+        command, arguments, lines = codecheck.checked(MODELS_MOUNT, code, server)
+        env.append({"name": codecheck.CODE_ENV, "value": lines})
     return {
-        "name": "triton", "image": image, "command": ["tritonserver"],
-        "args": [f"--model-repository={repository}", *(f"--{name}-port={port}" for name, port in PORTS.items()),
-                 *args],
+        "name": "triton", "image": image, "command": command, "args": arguments,
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
-        "env": offline_env(),
+        "env": env,
         "resources": resources,
         "volumeMounts": mounts,
         "readinessProbe": probe("/v2/health/ready"),
@@ -248,21 +256,24 @@ def gpu_resources(gpus: int, pool: NodePoolTarget, host: HostNeed | None) -> dic
     return resources(requests, gpus, pool, f"spec.deployment.pools[{pool.name}].resources", limits)
 
 
-def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget) -> dict[str, Any]:
+def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget,
+                  code: Mapping[str, str] | None) -> dict[str, Any]:
     """Triton on the parent and child packaged side by side, beside `tailor speed` in the speed Job's pod (which
     mounts the artifacts claim as the volume `artifacts`): the pool's image and resources, `gpus` GPUs, loopback
     clients only."""
     # the parent's replica and the child's: an allowance
     return triton_container(repository, image, gpu_resources(gpus, pool, None),
-                            [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}])
+                            [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}], code)
 
 
 def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec, claim: str,
-              package: str, generation: int, image: str, engine_config: dict[str, Any] | None = None,
+              package: str, generation: int, image: str, code: Mapping[str, str] | None,
+              engine_config: dict[str, Any] | None = None,
               service_account: str = SERVING_SERVICE_ACCOUNT, frontend_image: str | None = None
               ) -> list[dict[str, Any]]:
     """A pool's revision for `generation`: Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, for a
-    pool that is not skipped. `package` is the pool's `tailor package` folder inside `claim`; the pods run as
+    pool that is not skipped. `package` is the pool's `tailor package` folder inside `claim`, whose `code`
+    Triton checks before it starts (`triton_container`); the pods run as
     `service_account` with no API token (Triton never calls the Kubernetes API). The Deployment's progress
     deadline is the startup allowance plus five minutes: past it the revision is failed, not waited for. The
     engine and, for vLLM, the engine arguments the package Job writes (`engine_config`) are annotations, so that
@@ -283,7 +294,7 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
         {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, *shm_volumes]
     container = {
         # on SIGTERM Triton refuses new requests and finishes those it holds, for up to the drain time
-        **triton_container(repository_in_pod(package), image, gpu_resources(gpus, target, plan.host), mounts,
+        **triton_container(repository_in_pod(package), image, gpu_resources(gpus, target, plan.host), mounts, code,
                            f"--exit-timeout-secs={deployment.drain_seconds}"),
         "startupProbe": probe("/v2/health/ready", failures=startup),
         "livenessProbe": probe("/v2/health/live"),

@@ -54,13 +54,13 @@ class JobSettings(BaseModel):
 
 
 def stage_args(stage: Stage, reader: bool = False) -> list[str]:
-    """Every stage reads its build plan; a build stage writes its result as the termination message (a
-    package's result is the repository it writes). A reader hands back a stage's result from the claim."""
+    """Every stage reads its build plan and writes its result as the termination message (a package's: the
+    digests of the code it wrote). A reader hands back a stage's result from the claim."""
     plan = ["--plan", f"{PLAN_MOUNT}/{PLAN_FILE}"]
     if reader:
         return ["result", *plan, "--stage", stage, "--result-file", RESULT_FILE]
     ports = [f"--{name}-port={PORTS[name]}" for name in ("http", "grpc")] if stage == "speed" else []
-    return [stage, *plan, *ports, *([] if stage == "package" else ["--result-file", RESULT_FILE])]
+    return [stage, *plan, *ports, "--result-file", RESULT_FILE]
 
 
 def launcher(name: str, settings: JobSettings, args: list[str]) -> list[str]:

@@ -66,6 +66,11 @@ def package_plan_name(name: str, generation: int, pool: str) -> str:
     return job_name(name, generation, "package", pool)
 
 
+def package_record_name(name: str, generation: int, pool: str) -> str:
+    """A package Job's record (the digests of the code it wrote): named after the Job, whose name its plan has."""
+    return f"{job_name(name, generation, 'package', pool)}-code"
+
+
 def service_name(name: str, pool: str) -> str:
     return f"{name}-{pool}"
 

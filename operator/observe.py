@@ -12,6 +12,7 @@ word on a pod), and the last lines of each running build stage's log (`progress`
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,11 +54,12 @@ class Observed:
         return self.objects.get(kind, {})
 
 
-def _taken(job: dict[str, Any], status: dict[str, Any]) -> bool:
-    """Whether the status already holds what this finished Job had to say."""
-    if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
-        return True  # a package Job's result is the repository on the claim
+def _taken(job: dict[str, Any], status: dict[str, Any], records: Mapping[str, Any]) -> bool:
+    """Whether the status, or for a package Job its record (`workloads.keep_record`), already holds what this
+    finished Job had to say."""
     name = job["metadata"]["name"]
+    if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
+        return f"{name}-code" in records  # `names.package_record_name`
     speed = status.get("servedSpeedup") or {}
     if speed.get("jobName") == name and speed.get("state") != "Running":
         return True
@@ -228,7 +230,8 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     pods: list[dict[str, Any]] = []
     unfinished = [job for job in objects["Job"].values() if job_finished(job) is None]
     waiting_jobs = [job for job in unfinished if not (job.get("status") or {}).get("ready")]
-    untaken = [job for job in objects["Job"].values() if job_finished(job) and not _taken(job, status)]
+    untaken = [job for job in objects["Job"].values()
+               if job_finished(job) and not _taken(job, status, objects.get("ConfigMap", {}))]
     if stalled_revisions or unfinished or untaken:  # a finished Job's result: its pods as they were when it finished
         pods = kube.select(owner, "Pod", namespace, selector, not_older_than=max(
             (resource_version(job) for job in untaken), default=None))

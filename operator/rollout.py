@@ -17,7 +17,7 @@ from typing import Any
 
 from tailor.compressor.buildplan import BuildPlan, PoolServing, repository_in_pod
 from tailor.compressor.model.architecture import architecture_from_config
-from tailor.compressor.results import unpack_config
+from tailor.compressor.results import PackageResult, unpack_config
 from tailor.compressor.sizing.engines import Engine, reads_own_config_class, served_checkpoint
 from tailor.compressor.sizing.memory import RECIPES, KvDtype
 from tailor.operator import names, speedup
@@ -47,7 +47,16 @@ from tailor.operator.deployment import (
 from tailor.operator.manifest import deployment_available
 from tailor.operator.observe import stalled
 from tailor.operator.pools import Built, PoolPlan, held_by_others, plan_pool
-from tailor.operator.workloads import claim_of, claim_ready, job_outcome, service_account, start_job
+from tailor.operator.workloads import (
+    claim_of,
+    claim_ready,
+    job_outcome,
+    keep_record,
+    package_result,
+    recorded,
+    service_account,
+    start_job,
+)
 
 REVISION_KINDS = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment")
 
@@ -109,14 +118,14 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
     if mine is None:
         if sized.skipped is not None:
             return status, None
-        if not package(p, spec, plan, sized):
+        if (packaged := package(p, spec, plan, sized)) is None:
             return status, False
         if (failure := earlier_failure(p, pool.name)) is not None:
             if failure.retry == "SpecChange" or (sized.capacity or 0) < failure.replicas:
                 raise Refused(Reason.REVISION_FAILED, failed_message(failure))  # it stays failed
             p.event("RevisionRetried", f"pool {pool.name} has free GPUs for the {failure.replicas} replica(s) "
                                        f"{failure.deployment} asked for: a new one is made")
-        create_revision(p, spec, plan, sized, first=current is None)
+        create_revision(p, spec, plan, sized, packaged, first=current is None)
         if current is None:
             status.revision = revision
         return status, False
@@ -164,10 +173,12 @@ def failed_message(failure: RevisionFailure) -> str:
     return f"{failure.message}\n{retry}"
 
 
-def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan, first: bool) -> None:
+def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan, packaged: PackageResult,
+                    first: bool) -> None:
     """This generation's revision of a packaged pool: the serving ServiceAccount, the model's NetworkPolicy (one
-    that is there already is left as it is), the Deployment with its PodDisruptionBudget and autoscaler, and for
-    the pool's `first` revision its Service, which can point at it from the start."""
+    that is there already is left as it is), the Deployment with its PodDisruptionBudget and autoscaler (its
+    Triton checks the code its package Job wrote, `packaged`), and for the pool's `first` revision its Service,
+    which can point at it from the start."""
     deployment = spec.deployment
     assert deployment is not None and sized.engine is not None  # `manifests` refuses a pool no engine serves
     service_account(p, p.settings.serving_service_account)
@@ -180,7 +191,8 @@ def create_revision(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: 
     if p.settings.serving_ingress is not None:
         p.create(ingress_policy(p.model, p.settings.serving_ingress))
     made = manifests(p.model, sized, deployment, claim_of(p, spec), package_folder, p.generation, image,
-                     engine_config, p.settings.serving_service_account, p.settings.job_image)
+                     packaged.under(package_folder), engine_config, p.settings.serving_service_account,
+                     p.settings.job_image)
     # the Deployment last: while a name of its PodDisruptionBudget or HPA is another's (refused, OwnedElsewhere) no
     # revision exists, so every pass sends them again and the model stays failed until that object goes
     for manifest in sorted(made, key=lambda made_one: made_one["kind"] == "Deployment"):
@@ -201,17 +213,30 @@ def pool_serving(p: Pass, plan: BuildPlan, sized: PoolPlan, context: int) -> Poo
                          reads_own_config_class(unpack_config(p.build.child_config or "")))
 
 
-def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> bool:
-    """The pool's `tailor package` Job, reading the build plan with the pool's sizing; True once done."""
+def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan) -> PackageResult | None:
+    """The pool's `tailor package` Job, reading the build plan with the pool's sizing; its result (kept as a
+    record) once done. One that ended without a result (its pod went before it was read, or an earlier operator
+    made it) is made again: packaging twice writes the same repository."""
     deployment = spec.deployment
     assert deployment is not None
     name = names.job_name(p.name, p.generation, "package", sized.name)
+    record = names.package_record_name(p.name, p.generation, sized.name)
+    if (message := recorded(p, record)) is not None:
+        return package_result(f"ConfigMap {record}", message)
     job = p.owned("Job", name)
     progress = p.stage("Deploy")
+    if job is not None and (message := job_outcome(p, job)) is not None:
+        if message:
+            keep_record(p, record, message)
+            return package_result(f"Job {name}", message)
+        if not job["metadata"].get("deletionTimestamp"):
+            p.delete("Job", name)
+            p.event("PackageRerun", f"Job {name} ended without the digests of the code it wrote: packaged again")
+        return None
     if job is None:
         if (waiting := claim_ready(p, spec)) is not None:
             progress.message = waiting
-            return False
+            return None
         serving = pool_serving(p, plan, sized, deployment.context_length)
         measure = sized.name == speedup.measured_pool(spec) and sized.engine is Engine.VLLM
         pool_plan = plan.model_copy(update={"pool": serving.model_copy(update={"measure_speedup": measure})})
@@ -220,8 +245,8 @@ def package(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, sized: PoolPlan
                   pool_scheduling(pool_target(deployment, sized.name), sized.node_selector,
                                   plan.catalog().get(sized.gpu_profile) if sized.gpu_profile else None),
                   pool=sized.name)
-        return False
-    return job_outcome(p, job) is not None
+    return None
+
 
 
 def remove_serving(p: Pass, keep: set[str]) -> None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from tailor.compressor.buildplan import BuildPlan, repository_in_pod
-from tailor.compressor.results import SpeedResult
+from tailor.compressor.results import PackageResult, SpeedResult
 from tailor.compressor.sizing.engines import Engine
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec, PoolStatus, ServedSpeedup, SpeedRatioStatus
-from tailor.operator.conditions import Refused
+from tailor.operator.conditions import Reason, Refused
 from tailor.operator.decision import Pass
 from tailor.operator.deployment import pool_scheduling, pool_target, speed_sidecar
-from tailor.operator.workloads import job_outcome, start_job
+from tailor.operator.workloads import job_outcome, package_result, recorded, start_job
 
 
 def measured_pool(spec: CompressedModelSpec) -> str | None:
@@ -55,7 +55,10 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> None:
             config_map = names.package_plan_name(p.name, p.generation, pool.name)
             if p.owned("ConfigMap", config_map) is None:  # the pool's plan, which asked its package Job for the pair
                 raise Refused("NoPackagePlan", f"ConfigMap {config_map} (the pool's package plan) is gone")
-            start(p, spec, plan, pool)
+            kept = names.package_record_name(p.name, p.generation, pool.name)
+            if (packaged := recorded(p, kept)) is None:
+                raise Refused(Reason.NO_RESULT, f"ConfigMap {kept} (the digests of the code the pair runs) is gone")
+            start(p, spec, plan, pool, package_result(f"ConfigMap {kept}", packaged))
             found.message = "waiting for a pod"
             return
         message = job_outcome(p, job)
@@ -70,16 +73,18 @@ def advance(p: Pass, spec: CompressedModelSpec, plan: BuildPlan) -> None:
         record(p, found, message)
 
 
-def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus) -> None:
-    """The speed Job on one of the pool's nodes, reading the pool's package plan (its ConfigMap is there)."""
+def start(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: PoolStatus, packaged: PackageResult) -> None:
+    """The speed Job on one of the pool's nodes, reading the pool's package plan (its ConfigMap is there); its
+    Triton checks the pair's code against what the package Job wrote (`packaged`)."""
     deployment = spec.deployment
     assert deployment is not None
-    repository = repository_in_pod(plan.layout.speed(p.generation, pool.name))
+    folder = plan.layout.speed(p.generation, pool.name)
+    repository = repository_in_pod(folder)
     config_map = names.package_plan_name(p.name, p.generation, pool.name)
     target = pool_target(deployment, pool.name)  # started from the status: no `PoolPlan` here, the spec's selector
     start_job(p, spec, plan, "speed", p.generation, config_map, pool_scheduling(target, target.node_selector),
               pool=pool.name, sidecar=speed_sidecar(deployment.triton_image, repository, pool.gpus_per_replica or 1,
-                                                    target))
+                                                    target, packaged.under(folder)))
 
 
 def record(p: Pass, found: ServedSpeedup, message: str) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan, Stage
+from tailor.compressor.results import PackageResult
 from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import CompressedModelSpec
@@ -21,6 +24,7 @@ from tailor.operator.settings import ALLOWED_LABEL, SHARED_ANNOTATION
 from tailor.operator.tenancy import check_claim
 
 SPEED_DEADLINE_S = 2 * 3600  # loading both models and measuring them; a speed Job never holds GPUs longer
+RESULT_KEY = "result"  # of a Job's record (`keep_record`)
 PLANS: Memo[BuildPlan] = Memo(1024)  # a plan ConfigMap's text -> its plan (frozen): parsed once, not every pass
 
 
@@ -92,6 +96,30 @@ def plan_config_map(p: Pass, name: str, plan: BuildPlan) -> None:
         meta["annotations"] = {names.RECORDS: "results"}
         p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
                   "data": {PLAN_FILE: text}})
+
+
+def keep_record(p: Pass, name: str, message: str) -> None:
+    """A Job's result, as the operator read it from the Job's pod, in an immutable ConfigMap `name` (a stage's
+    Job's, `names.package_record_name` for a package Job): what the status is held to (`decide.check_recorded`)
+    and what a pool's Triton checks its code against (`package_result`)."""
+    p.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": p.meta(name), "immutable": True,
+              "data": {RESULT_KEY: message}})
+
+
+def recorded(p: Pass, name: str) -> str | None:
+    """The result kept for the Job `name`, or None without a record."""
+    found = p.owned("ConfigMap", name)
+    return None if found is None else str((found.get("data") or {}).get(RESULT_KEY, ""))
+
+
+def package_result(source: str, message: str) -> PackageResult:
+    """A package Job's result (untrusted: it comes from a pod) from `source` (the Job, or its record): the digests
+    of the code its repositories run."""
+    try:
+        return PackageResult.model_validate_json(message)
+    except ValidationError as error:
+        raise Refused(Reason.INVALID_RESULT, f"{source}'s result is not what tailor package writes: "
+                                             f"{str(error)[:1024]}") from error
 
 
 def read_plan(text: str) -> BuildPlan:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tailor.compressor.buildplan import PLAN_FILE, Stage
-from tailor.compressor.results import CompressResult, GateResult, QuantizeResult, StageResult
+from tailor.compressor.results import CompressResult, GateResult, PackageResult, QuantizeResult, StageResult
 from tailor.devcluster.simulated import RESULT_ANNOTATION, published_results
 from tailor.operator import deployment, names
 from tailor.operator.api import STAGE_PHASES, CompressedModelSpec, Condition, Phase, StageName
@@ -125,9 +125,13 @@ def plan_map(body: dict[str, Any], generation: int = 1) -> dict[str, Any]:
     return owned("ConfigMap", names.plan_name("m", generation), data={PLAN_FILE: plan.dump()})
 
 
-def package_map(generation: int = 1) -> dict[str, Any]:
-    """The h100 pool's package plan (what its speed Job reads; its content is not read by `decide`)."""
-    return owned("ConfigMap", names.package_plan_name("m", generation, "h100"), data={PLAN_FILE: ""})
+def packaged(generation: int = 1) -> list[dict[str, Any]]:
+    """The h100 pool's package plan (what its speed Job reads; its content is not read by `decide`) and the
+    record of its package Job's result (the digests of the code its Triton checks)."""
+    folder = f"tailor/g{generation}/package-h100/repository/m"
+    code = PackageResult(code={f"{folder}/config.pbtxt": "0" * 64, f"{folder}/1/model.py": "1" * 64})
+    return [owned("ConfigMap", names.package_plan_name("m", generation, "h100"), data={PLAN_FILE: ""}),
+            owned("ConfigMap", names.package_record_name("m", generation, "h100"), data={"result": code.message()})]
 
 
 def revision(generation: int, available: bool = True, stalled: bool = False) -> dict[str, Any]:
@@ -339,16 +343,16 @@ TRANSITIONS = [
         unsaid=("BuildStarted", "QualityGatePassed"),
         condition=("QualityGatePassed", "True", "Passed"), stage=("Evaluate", "Succeeded", "JobSucceeded")),
         id="Failed-Deploying-a-lowered-floor-passes-the-gate-without-a-build-job"),
-    pytest.param(world(BODY, DEPLOYING, plan_map(BODY), package_map(), job("package", "Complete", pool="h100")),
+    pytest.param(world(BODY, DEPLOYING, plan_map(BODY), *packaged(), job("package", "Complete", pool="h100")),
                  Step("Deploying", creates=(("Deployment", "m-h100-g1"), ("Service", "m-h100")),
                       said=("RevisionCreated",), unsaid=("Ready",),
                       condition=("Deployed", "False", "RevisionNotReady"), stage=("Deploy", "Running", None)),
                  id="Deploying-Deploying-packaged-revision-created"),
-    pytest.param(world(BODY, DEPLOYING, plan_map(BODY), package_map(), revision(1), service(1)), Step(
+    pytest.param(world(BODY, DEPLOYING, plan_map(BODY), *packaged(), revision(1), service(1)), Step(
         "Ready", jobs=("m-g1-speed-h100",), said=("Ready",), condition=("Ready", "True", "Serving"),
         stage=("Deploy", "Succeeded", "RevisionReady")), id="Deploying-Ready"),
     pytest.param(world(RESIZED, {**building(RESIZED, BUILT, "Deploy", 2, **QUANTIZED), "servingGeneration": 1},
-                       plan_map(RESIZED), package_map(2), revision(1), revision(2), service(1), generation=2), Step(
+                       plan_map(RESIZED), *packaged(2), revision(1), revision(2), service(1), generation=2), Step(
         "Ready", jobs=("m-g2-speed-h100",), deletes=revision_gone(1), patches=(("Service", "m-h100"),),
         said=("TrafficSwitched", "RevisionDeleted", "Ready"), unsaid=("BuildStarted",),
         condition=("Deployed", "True", "RevisionReady"), stage=("Deploy", "Succeeded", "RevisionReady")),
@@ -400,7 +404,7 @@ PASSED = {"metric": "next_token_accuracy", "parentScore": 0.6, "childScore": 0.5
 def test_a_raised_floor_fails_the_gate_and_what_serves_keeps_serving() -> None:
     """Generation 2 raises the floor above generation 1's measured retention (0.9833): the gate is decided again
     at the floor of generation 2's plan and fails; no Job starts, nothing is deleted, generation 1 keeps serving."""
-    decision = decide(world(RAISED, {**serving(BODY), "quality": PASSED}, plan_map(BODY), package_map(), revision(1),
+    decision = decide(world(RAISED, {**serving(BODY), "quality": PASSED}, plan_map(BODY), *packaged(), revision(1),
                             service(1), generation=2), SETTINGS)
     assert decision.phase == "Failed"
     failed, ready = condition(decision, "Failed"), condition(decision, "Ready")
@@ -422,7 +426,7 @@ def test_a_build_recorded_before_the_floor_left_the_fingerprint_is_kept() -> Non
     spec = CompressedModelSpec.model_validate(BODY["spec"])
     earlier = {**serving(BODY), "build": build(BODY, fingerprint=fingerprint(spec, floor=True), **QUANTIZED),
                "quality": {key: value for key, value in PASSED.items() if key != "minQualityRetention"}}
-    decision = decide(world(BODY, earlier, plan_map(BODY), package_map(), revision(1), service(1)), SETTINGS)
+    decision = decide(world(BODY, earlier, plan_map(BODY), *packaged(), revision(1), service(1)), SETTINGS)
     assert decision.phase == "Ready"
     assert not {"BuildStarted", "QualityGateRedecided", "StatusRestored"} & {event.reason for event in decision.events}
     assert decision.status.build is not None and decision.status.build.fingerprint == fingerprint(spec)

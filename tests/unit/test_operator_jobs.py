@@ -78,5 +78,6 @@ def test_stage_pods_are_not_best_effort_are_limited_in_memory_and_multi_gpu_pods
     container = package["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"},  # no GPU, still Burstable
                                       "limits": {"memory": "10240Mi"}}  # 8 GiB assumed for a step, x 1.25
-    assert container["command"] == ["tailor", "package", "--plan", "/plan/plan.yaml"]
+    assert container["command"] == ["tailor", "package", "--plan", "/plan/plan.yaml", "--result-file",
+                                    "/dev/termination-log"]
     assert package["metadata"]["name"] == "m-g3-package-b200"

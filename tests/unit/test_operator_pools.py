@@ -12,6 +12,7 @@ import yaml
 
 from tailor.compressor.compute import NFD_CPUID, nfd_labels
 from tailor.compressor.model.architecture import load_architecture
+from tailor.compressor.serving.codecheck import CODE_ENV
 from tailor.compressor.sizing.engines import Engine, cache_bytes
 from tailor.compressor.sizing.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.sizing.memory import KvDtype, kv_bytes_per_token, recipe_for
@@ -151,8 +152,9 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     owner = {"metadata": {"name": "nemotron-super-h100", "namespace": "default", "uid": "1234"}}
     assert model.spec.deployment is not None
     engine = {"max_num_seqs": 7}
+    code = {"g1/repo/repository/m/1/model.py": "a" * 64, "g1/repo/repository/m/config.pbtxt": "b" * 64}
     deployment, budget, autoscaler = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 3,
-                                               model.spec.deployment.triton_image, engine,
+                                               model.spec.deployment.triton_image, code, engine,
                                                frontend_image=RUNTIME_IMAGE)
     pool_service = service(owner, plan.name, 3, Engine.VLLM)
     assert deployment["metadata"]["name"] == "nemotron-super-h100-h100-g3"
@@ -176,8 +178,13 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert container["startupProbe"]["failureThreshold"] == math.ceil(math.ceil(loading + 600) / 10) > 60
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # a crash leaves its last log lines
     assert "--model-repository=/models/g1/repo/repository" in container["args"]
-    # the image's own backends: its Python backend runs the repository's model.py (tailor's vLLM backend)
-    assert container["command"] == ["tritonserver"] and not any("backend" in arg for arg in container["args"])
+    # the image's own backends: its Python backend runs the repository's model.py (tailor's vLLM backend), once
+    # the image's shell has checked the code against what the package Job wrote
+    assert container["command"][:2] == ["sh", "-c"] and "sha256sum --check" in container["command"][2]
+    assert container["args"][:2] == ["/models", "tritonserver"]
+    assert not any("backend" in arg for arg in container["args"])
+    assert {"name": CODE_ENV, "value": f"{'a' * 64}  g1/repo/repository/m/1/model.py\n"
+                                       f"{'b' * 64}  g1/repo/repository/m/config.pbtxt"} in container["env"]
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]  # no model hub: only the claim's files
     assert [p["port"] for p in pool_service["spec"]["ports"]] == [8000, 8001, 8002, 9000]
     # the OpenAI-compatible API beside Triton, reaching it on the pod's loopback, from the runtime image
@@ -206,7 +213,8 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert pod["terminationGracePeriodSeconds"] > 600 + 5
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "1234" for m in (deployment, pool_service, budget))
     with pytest.raises(ValueError, match="skipped"):
-        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i")
+        manifests(owner, plan.model_copy(update={"skipped": "no nodes"}), model.spec.deployment, "a", "r", 1, "i",
+                  None)
 
 
 def test_a_cpu_replica_requests_and_is_limited_to_its_weights_cache_and_runtime() -> None:
@@ -230,7 +238,7 @@ def test_a_cpu_replica_requests_and_is_limited_to_its_weights_cache_and_runtime(
         if pool is not None:
             deployment = deployment.model_copy(update={"pools": [
                 deployment.pools[0].model_copy(update={"resources": ResourceRequirements.model_validate(pool)})]})
-        made = manifests(owner, plan, deployment, "artifacts", "g1/repo", 1, deployment.triton_image, {},
+        made = manifests(owner, plan, deployment, "artifacts", "g1/repo", 1, deployment.triton_image, None, {},
                          frontend_image=RUNTIME_IMAGE)[0]
         return dict(made["spec"]["template"]["spec"]["containers"][0]["resources"])
 
@@ -300,7 +308,7 @@ def test_a_pool_sets_its_own_startup_allowance() -> None:
     owner = {"metadata": {"name": "m", "namespace": "default", "uid": "1234"}}
     assert model.spec.deployment is not None
     deployment, *_ = manifests(owner, plan, model.spec.deployment, "artifacts", "g1/repo", 1,
-                               model.spec.deployment.triton_image)
+                               model.spec.deployment.triton_image, None)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["startupProbe"]["failureThreshold"] == 360
     assert deployment["spec"]["progressDeadlineSeconds"] == 3600 + 300

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tailor.compressor.buildplan import BUILD_STAGES, DISTRIBUTED_STAGES, ONE_GPU_STAGES, PLAN_FILE, BuildPlan
-from tailor.compressor.results import GateResult, QuantizeResult, SpeedResult, pack_config
+from tailor.compressor.results import GateResult, PackageResult, QuantizeResult, SpeedResult, pack_config
+from tailor.compressor.serving.codecheck import CODE_ENV
 from tailor.compressor.sizing.engines import Engine
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, SIMULATED, published_results
@@ -200,7 +201,7 @@ def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     model = {"metadata": {"name": "m", "namespace": "ns", "uid": "uid-1"}}
     pool = NodePoolTarget(name="b200", node_selector={"pool": "b200"}, concurrency={"perNode": 8})
     job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), {}, "claim",
-                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4, pool))
+                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4, pool, None))
     pod = job["spec"]["template"]["spec"]
     (triton,) = pod["initContainers"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
@@ -252,10 +253,43 @@ def test_without_measure_speedup_no_speed_job_runs(kube: FakeKube) -> None:
 
 def test_a_real_result_is_not_marked_simulated(kube: FakeKube) -> None:
     results = {key: json.dumps({**json.loads(value), "simulated": None}) for key, value in published_results().items()}
+    results[RESULT_ANNOTATION.format(stage="package")] = PackageResult(code={"m/1/model.py": "0" * 64}).message()
     kube.apply(manifest(results=results))
     status = drive(kube, "Ready").status
     assert [s.reason for s in status.stages[:3]] == ["JobSucceeded"] * 3
     assert "SimulatedResult" not in {reason for _, reason, _ in kube.events}
+
+
+def test_triton_checks_the_code_its_package_job_wrote(kube: FakeKube) -> None:
+    """A real package Job hands back the digests of the code its repository runs: the operator records them and
+    every Triton container of the pool's revision checks them before it starts (`codecheck`)."""
+    kube.apply(manifest())
+    drive(kube, "Evaluating")
+    layout = BuildPlan.parse(kube.obj("ConfigMap", "m-g1-plan")["data"][PLAN_FILE]).layout
+    folder = f"{layout.package(1, 'h100')}/repository/m"
+    code = {f"{folder}/1/model.py": "a" * 64, f"{folder}/config.pbtxt": "b" * 64, "elsewhere/model.py": "c" * 64}
+    results = kube.model("m")["spec"]["jobs"]["podAnnotations"]  # what the package Job's pod will say
+    results[RESULT_ANNOTATION.format(stage="package")] = PackageResult(code=code).message()
+    drive(kube, "Ready")
+    (triton, *_) = kube.obj("Deployment", "m-h100-g1")["spec"]["template"]["spec"]["containers"]
+    assert triton["command"][:2] == ["sh", "-c"] and triton["args"][1] == "tritonserver"
+    assert {"name": CODE_ENV, "value": f"{'a' * 64}  {folder}/1/model.py\n{'b' * 64}  {folder}/config.pbtxt"} \
+        in triton["env"], "the revision checks its own package's code, and only that"
+    assert json.loads(kube.obj("ConfigMap", "m-g1-package-h100-code")["data"]["result"])["code"] == code
+
+
+def test_a_package_job_that_ended_without_its_code_digests_is_run_again(kube: FakeKube) -> None:
+    """Its pod went before its result was read (or an earlier operator made it): no revision runs unchecked
+    code; the Job is made again."""
+    results = {**published_results()}
+    del results[RESULT_ANNOTATION.format(stage="package")]
+    kube.apply(manifest(results=results))
+    drive(kube, "Deploying")
+    for _ in range(3):
+        step(kube)
+        controllers(kube)
+    assert any(reason == "PackageRerun" for _, reason, _ in kube.events)
+    assert not kube.names("Deployment") and "m-g1-package-h100-code" not in kube.names("ConfigMap")
 
 
 def test_a_ready_object_writes_no_status_when_nothing_changed(kube: FakeKube) -> None:
@@ -1490,8 +1524,9 @@ def test_every_plan_the_operator_wrote_reads_back_as_the_plan_it_keeps(kube: Fak
     text parses to, as the Jobs read it."""
     kube.apply(manifest())
     drive(kube, "Ready")
-    assert kube.names("ConfigMap") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100", "m-g1-plan",
-                                       "m-g1-quantize"]  # the stages' records; the a100 pool is skipped
+    assert kube.names("ConfigMap") == ["m-g1-compress", "m-g1-evaluate", "m-g1-package-h100",
+                                       "m-g1-package-h100-code", "m-g1-plan", "m-g1-quantize"]  # and the records
+    #                                                                                   (the a100 pool is skipped)
     texts = [data[PLAN_FILE] for name in kube.names("ConfigMap") if PLAN_FILE in (data := kube.obj("ConfigMap",
                                                                                                    name)["data"])]
     assert len(texts) == 2
