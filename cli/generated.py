@@ -16,6 +16,11 @@ from tailor.operator import crd
 CHART = crd.ROOT / "charts" / "tailor"
 CLI_FILE = crd.ROOT / "docs" / "reference" / "cli.md"
 VALUES_FILE = crd.ROOT / "docs" / "reference" / "chart-values.md"
+PERMISSIONS_FILE = crd.ROOT / "docs" / "reference" / "permissions.md"
+# Where each rule of templates/rbac.yaml applies, by the line that opens its role
+RBAC_SCOPES = (('define "tailor.namespacedRules"', "each watched namespace (one ClusterRole with `clusterWide`)"),
+               ("name: {{ $fullname }}-nodes", "the cluster"),
+               ("name: {{ $fullname }}-gpu-pods", "each of `serving.heldGpuNamespaces`"))
 HELP_WIDTH = "100"  # the columns argparse wraps help to, so the page does not depend on the terminal
 
 
@@ -120,9 +125,50 @@ def render_values() -> str:
     return "\n".join(lines) + "\n"
 
 
+def rbac_rules(rbac_yaml: str) -> Iterator[tuple[str, str, str, str, str]]:
+    """(where, API group, resources, verbs, why) of every rule in templates/rbac.yaml: why is the comment above the
+    rule, or the one before it where a rule shares it."""
+    scope, why = "", ""
+    pending: list[str] = []
+    rule: dict[str, str] = {}
+    for line in rbac_yaml.splitlines():
+        stripped = line.strip()
+        if (opened := next((where for marker, where in RBAC_SCOPES if marker in stripped), None)) is not None:
+            scope, why = opened, ""  # a rule shares the comment of one before it in the same role only
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+        elif stripped.startswith("- apiGroups:") or (rule and stripped.split(":", 1)[0] in ("resources", "verbs")):
+            key, _, value = stripped.removeprefix("- ").partition(":")
+            rule[key] = value.strip().strip("[]").replace('""', "core") or "core"
+            if key == "verbs":
+                why, pending = " ".join(pending) or why, []
+                yield scope, rule["apiGroups"], rule["resources"], rule["verbs"], why
+                rule = {}
+        elif not stripped.startswith("{{"):
+            pending = []  # a comment on something other than a rule
+
+
+def render_permissions() -> str:
+    """What the operator may do, each right with where it holds and why (from templates/rbac.yaml's comments)."""
+    lines = ["<!-- Generated from charts/tailor/templates/rbac.yaml by `tailor docs generate`; do not edit by "
+             "hand. -->", "# The operator's permissions", "",
+             "Every right the chart grants the operator's ServiceAccount, where it holds and why, as "
+             "`templates/rbac.yaml` says. Not granted: Secrets (credentials reach stage pods through "
+             "`secretKeyRef`), `pods/exec`, updates of Jobs or Deployments in place, anything on Nodes beyond "
+             "`list`, CRDs. RBAC cannot narrow a right by label: `pods/log`, Service patches and claim deletes "
+             "hold for every such object in a watched namespace, and the operator itself checks that each object "
+             "it reads a log of, patches or deletes is its own (owner reference or its model's uid label) and "
+             "leaves another's alone (`operator/kube.py`). The uninstall hook and `helm test` have roles of their "
+             "own (`templates/release-hook.yaml`, `templates/tests/`).", "",
+             "| where | API group | resources | verbs | why |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {where} | {group} | {resources} | {verbs} | {why} |"
+              for where, group, resources, verbs, why in rbac_rules((CHART / "templates" / "rbac.yaml").read_text())]
+    return "\n".join(lines) + "\n"
+
+
 def docs(parser: argparse.ArgumentParser) -> dict[Path, str]:
     """The generated reference pages besides the CRD's (`tailor docs generate`), and their text."""
-    return {CLI_FILE: render_cli(parser), VALUES_FILE: render_values()}
+    return {CLI_FILE: render_cli(parser), VALUES_FILE: render_values(), PERMISSIONS_FILE: render_permissions()}
 
 
 def stale(generated: Mapping[Path, str]) -> list[Path]:

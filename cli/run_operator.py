@@ -36,6 +36,7 @@ def _operator(args: argparse.Namespace) -> int:
                                         serving_service_account=args.serving_service_account,
                                         image_pull_secrets=tuple(args.image_pull_secret or ()),
                                         tenancy=args.tenancy, queue_name=args.queue_name,
+                                        gpu_namespaces=tuple(args.gpu_namespace or ()),
                                         serving_ingress=None if args.no_ingress_policy else ServingIngress(
                                             tuple(args.monitoring_namespace or ServingIngress.monitoring_namespaces),
                                             tuple(args.client_namespace or ()), tuple(args.client_cidr or ()))),
@@ -95,6 +96,9 @@ def add_parser(nouns: Any) -> None:
                              "(repeatable)")
     parser.add_argument("--no-ingress-policy", action="store_true",
                         help="create no NetworkPolicy limiting who reaches the Triton pods (their egress stays denied)")
+    parser.add_argument("--gpu-namespace", action="append",
+                        help="a namespace whose pods may hold the pools' GPUs (repeat): pods are listed only in these "
+                             "to count the GPUs left free; none: in every namespace")
     parser.add_argument("--queue-name", help="Kueue LocalQueue of the stage Jobs when spec.jobs.queueName is not set")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--liveness-port", type=int, default=8081, help="liveness endpoint port (0: off)")

@@ -90,7 +90,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = client.ApiClient(login.load_config())
     api.user_agent = names.USER_AGENT  # tells the operator's own requests apart in audit logs (kopf's say kopf/...)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
-    RUNTIME.kube, RUNTIME.loop = Kube(api, Store()), asyncio.get_running_loop()
+    RUNTIME.kube = Kube(api, Store(), RUNTIME.namespaces, RUNTIME.settings.gpu_namespaces)
+    RUNTIME.loop = asyncio.get_running_loop()
     for kind in CACHED:
         for namespace in RUNTIME.namespaces or (None,):
             Reflector(RUNTIME.kube, kind, namespace, on_change).start()

@@ -26,7 +26,7 @@ from tailor.operator import metrics, names, wire
 from tailor.operator.api import API_VERSION, GROUP, PLURAL
 from tailor.operator.conditions import owned_elsewhere
 from tailor.operator.manifest import object_reference, owned_by, owner_uid
-from tailor.operator.pools import HeldGpus, NodeSnapshot, held_gpus
+from tailor.operator.pools import GpuHolders, HeldGpus, NodeSnapshot, held_gpus
 from tailor.operator.watchcache import CACHED, Store
 
 RETRIED_STATUS = {409, 429, 500, 502, 503, 504}
@@ -35,6 +35,7 @@ NODES_TTL_S = 10.0  # and the pods holding GPUs
 SHARED_TTL_S = 300.0  # a namespace's ServiceAccount seen this recently is not created again
 LOG = logging.getLogger(__name__)
 PAGE = 500  # objects per list request: a large cluster's pods are read a page at a time
+HELD_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"  # the pods that may hold GPUs
 
 # Kind -> (api group/version, plural) for the objects the operator owns.
 KINDS = {
@@ -51,9 +52,12 @@ KINDS = {
 class Kube:
     """Namespaced reads and writes through the generic dynamic paths of the API server."""
 
-    def __init__(self, api: client.ApiClient, cache: Store | None = None) -> None:
+    def __init__(self, api: client.ApiClient, cache: Store | None = None, watched: tuple[str, ...] = (),
+                 gpu_namespaces: tuple[str, ...] = ()) -> None:
         self.api = api
         self.cache = cache
+        self.watched = watched  # the namespaces the operator watches (none named: all)
+        self.gpu_namespaces = gpu_namespaces  # the only ones whose pods hold the pools' GPUs (none named: any)
         self.requests: Counter[str] = Counter()  # by "namespace/name" of the CompressedModel it served
         self._cache: dict[str, tuple[float, Any]] = {}  # cluster-wide lists shared by all objects
         self._cache_lock = threading.Lock()
@@ -266,22 +270,34 @@ class Kube:
             "nodes", lambda: NodeSnapshot(self._call(owner, "GET", "/api/v1/nodes").get("items", [])))
         return found
 
-    def gpu_pods(self, owner: str) -> list[HeldGpus] | None:
-        """What every unfinished pod bound to a node holds of its GPUs, in any namespace, read a page at a time
-        and kept only for pods that hold GPUs; None where the operator may not list pods cluster-wide."""
-        def read() -> list[HeldGpus] | None:
-            held: list[HeldGpus] = []
-            try:
-                for page in self.pages(owner, "/api/v1/pods", [
-                        ("fieldSelector", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")]):
-                    held += [h for pod in page.get("items", []) if (h := held_gpus(pod)) is not None]
-                return held
-            except ApiException as error:
-                if error.status == 403:
-                    return None
-                raise
+    def gpu_pods(self, owner: str) -> GpuHolders | None:
+        """What every unfinished pod bound to a node holds of its GPUs, read a page at a time and kept only for pods
+        that hold GPUs: in every namespace, or only in `gpu_namespaces` where the chart names them. Where the
+        operator may not list pods cluster-wide, those of the namespaces it watches (its Roles grant that); None
+        where it may list none."""
+        def listed(path: str) -> list[HeldGpus]:
+            return [h for page in self.pages(owner, path, [("fieldSelector", HELD_PODS)])
+                    for pod in page.get("items", []) if (h := held_gpus(pod)) is not None]
 
-        found: list[HeldGpus] | None = self._cached("gpu-pods", read)
+        def read() -> GpuHolders | None:
+            if not self.gpu_namespaces:
+                try:
+                    return GpuHolders(pods=listed("/api/v1/pods"))
+                except ApiException as error:
+                    if error.status != 403:
+                        raise
+            held: list[HeldGpus] = []
+            counted: list[str] = []
+            for namespace in self.gpu_namespaces or self.watched:
+                try:
+                    held += listed(f"/api/v1/namespaces/{namespace}/pods")
+                    counted.append(namespace)
+                except ApiException as error:
+                    if error.status != 403:
+                        raise
+            return GpuHolders(pods=held, namespaces=tuple(counted)) if counted else None
+
+        found: GpuHolders | None = self._cached("gpu-pods", read)
         return found
 
     def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:

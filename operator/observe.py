@@ -23,7 +23,7 @@ from tailor.operator import names
 from tailor.operator.kube import Kube
 from tailor.operator.manifest import job_finished
 from tailor.operator.placement import KUEUE_QUEUE_LABEL
-from tailor.operator.pools import HeldGpus
+from tailor.operator.pools import GpuHolders
 from tailor.operator.progress import LOG_TAIL_LINES
 from tailor.operator.watchcache import resource_version
 
@@ -40,7 +40,7 @@ class Observed:
     objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     claim: dict[str, Any] | None = None  # the claim the object writes to (its own or the existingClaim)
     nodes: list[dict[str, Any]] = field(default_factory=list)
-    gpu_pods: list[HeldGpus] | None = field(default_factory=list)  # None: not known (pods not listable)
+    gpu_pods: GpuHolders | None = field(default_factory=lambda: GpuHolders(pods=[]))  # None: not listable
     results: dict[str, str] = field(default_factory=dict)  # Job name -> its rank-0 pod's termination message
     with_pods: frozenset[str] = frozenset()  # finished Jobs whose pods are still there (when results were read)
     waiting: dict[str, str] = field(default_factory=dict)  # Job name -> why its pods do not run yet
@@ -250,6 +250,6 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     batch_from_pools = (spec.get("compression") or {}).get("batch") is None
     needs_nodes = spec.get("deployment") and (built or batch_from_pools)
     return Observed(model=model, objects=objects, claim=claim, nodes=kube.nodes(owner) if needs_nodes else [],
-                    gpu_pods=kube.gpu_pods(owner) if needs_nodes and built else [],
+                    gpu_pods=kube.gpu_pods(owner) if needs_nodes and built else GpuHolders(pods=[]),
                     results=termination_messages(pods), with_pods=pod_jobs(pods), waiting=waiting,
                     evidence=evidence, unscheduled=unscheduled, logs=logs, named_claims=named)

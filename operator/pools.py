@@ -166,6 +166,15 @@ def held_gpus(pod: dict[str, Any]) -> HeldGpus | None:
                     labels=meta.get("labels") or {})
 
 
+class GpuHolders(BaseModel):
+    """The pods that hold GPUs, as far as the operator may list them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pods: list[HeldGpus]
+    namespaces: tuple[str, ...] | None = None  # None: every namespace's pods; else only these were listed
+
+
 def held_by_others(pods: list[HeldGpus], namespace: str, revision: dict[str, str]) -> dict[str, int]:
     """GPUs held per node by pods other than the revision's (`revision`: its pods' labels in `namespace`)."""
     held: dict[str, int] = {}
@@ -321,10 +330,12 @@ def too_few_gpus(min_replicas: int, tp: int, members: list[dict[str, Any]]) -> s
 
 
 def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, deployment: DeploymentSpec,
-              catalog: GpuCatalog, held: dict[str, int] | None = None) -> PoolPlan:
+              catalog: GpuCatalog, held: dict[str, int] | None = None,
+              counted_in: tuple[str, ...] | None = None) -> PoolPlan:
     """Size what was built for the pool: GPUs per replica, requests per replica and replicas for the
     concurrency, on the pool's schedulable nodes and the GPUs other pods leave free there (`held`, per node;
-    None where they are not known: all allocatable GPUs count, and a note says so)."""
+    None where they are not known: all allocatable GPUs count, and a note says so; `counted_in`: the only
+    namespaces whose pods were counted, which a note names)."""
     found = pool_nodes(pool, nodes, catalog)
     members = found.members
     plan = PoolPlan(name=pool.name, node_selector=pool.node_selector,
@@ -367,6 +378,10 @@ def plan_pool(pool: NodePoolTarget, nodes: list[dict[str, Any]], built: Built, d
     if held is None:
         notes.append("GPUs other pods hold are not known (the operator may not list pods cluster-wide): all "
                      f"{allocatable} allocatable GPUs counted as free")
+    elif counted_in is not None:
+        notes.append(f"GPUs held by pods outside {', '.join(counted_in)} are not counted (the operator lists pods "
+                     "only there: the chart's serving.heldGpuNamespaces, or its Roles where it may not list them "
+                     "cluster-wide)")
     if needed > min(deployment.max_replicas, capacity):
         limit = "maxReplicas" if deployment.max_replicas < capacity else "the pool's free GPUs"
         notes.append(f"{target} concurrent requests need {needed} replicas of {sizing.concurrency_per_replica}; "

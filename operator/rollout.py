@@ -102,10 +102,11 @@ def deploy_pool(p: Pass, spec: CompressedModelSpec, plan: BuildPlan, pool: NodeP
     current = p.owned("Service", service_name)
     serving = serving_revision(current)
     mine = p.owned("Deployment", names.revision_name(p.name, pool.name, p.generation))
-    pods = p.world.gpu_pods
-    held = None if pods is None else held_by_others(pods, p.namespace, revision_labels(p.model, pool.name,
-                                                                                         p.generation))
-    sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog, held)
+    holders = p.world.gpu_pods
+    held = None if holders is None else held_by_others(holders.pods, p.namespace, revision_labels(
+        p.model, pool.name, p.generation))
+    sized = plan_pool(pool, p.world.nodes, found, deployment, p.settings.catalog, held,
+                      None if holders is None else holders.namespaces)
     status = PoolStatus(name=pool.name, gpu_product=sized.gpu_product, engine=sized.engine, notes=sized.notes,
                         gpus_per_replica=sized.tensor_parallel,
                         concurrency_per_gpu=int(sized.concurrency_per_gpu or 0) if sized.sizing else None,

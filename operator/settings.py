@@ -27,6 +27,7 @@ class OperatorSettings:
     image_pull_secrets: tuple[str, ...] = ()
     tenancy: TenancyLimits = field(default_factory=TenancyLimits)  # what a tenant may ask for
     queue_name: str | None = None  # the Kueue LocalQueue of stage Jobs whose spec names none
+    gpu_namespaces: tuple[str, ...] = ()  # the only namespaces whose pods hold the pools' GPUs (none: any)
     serving_ingress: ServingIngress | None = field(default_factory=lambda: ServingIngress())  # None: no policy
 
     def image_allowed(self, image: str) -> bool:

@@ -50,6 +50,6 @@ def builtin_super(jobs: dict[str, Any], global_tokens: int) -> dict[str, Any]:
 
 
 def plan_deployment(deployment: DeploymentSpec, nodes: list[dict[str, Any]], built: Built, catalog: GpuCatalog,
-                    held: dict[str, int] | None = None) -> list[PoolPlan]:
+                    held: dict[str, int] | None = None, counted_in: tuple[str, ...] | None = None) -> list[PoolPlan]:
     """Every pool of a deployment sized as the rollout sizes each (`plan_pool`)."""
-    return [plan_pool(pool, nodes, built, deployment, catalog, held) for pool in deployment.pools]
+    return [plan_pool(pool, nodes, built, deployment, catalog, held, counted_in) for pool in deployment.pools]

@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from tailor.devcluster import nodes as devcluster_nodes
 from tailor.devcluster.simulated import RESULT_ANNOTATION
 from tailor.operator.kube import Kube
-from tailor.operator.pools import HeldGpus, held_gpus
+from tailor.operator.pools import GpuHolders, held_gpus
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -135,13 +135,13 @@ class FakeKube(Kube):
         self.requests[owner] += 1
         return copy.deepcopy(self.node_list)
 
-    def gpu_pods(self, owner: str) -> list[HeldGpus] | None:
+    def gpu_pods(self, owner: str) -> GpuHolders | None:
         """None where a test refuses ("list", "Pod"), as Kube says a 403."""
         self.requests[owner] += 1
         if ("list", "Pod") in self.refusals:
             return None
-        return [held for (kind, _, _), pod in self.store.items()
-                if kind == "Pod" and (held := held_gpus(pod)) is not None]
+        return GpuHolders(pods=[held for (kind, _, _), pod in self.store.items()
+                                if kind == "Pod" and (held := held_gpus(pod)) is not None])
 
     def event(self, owner: str, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append((kind, reason, message))

@@ -82,12 +82,13 @@ NETWORK = {"networkPolicy": {"monitoringNamespaces": ["prometheus"], "clientName
                              "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}}}
 
 
-@pytest.mark.parametrize("values", [{}, CUSTOM, {"watchNamespaces": ["team-a", "team-b"]}, NETWORK],
+@pytest.mark.parametrize("values", [{}, CUSTOM, {"watchNamespaces": ["team-a", "team-b"],
+                                                "serving": {"heldGpuNamespaces": ["gpu-a"]}}, NETWORK],
                          ids=["default", "custom", "two-namespaces", "network"])
 def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl: Callable[..., Any],
                                               monitoring_crds: None, namespace: str, values: dict[str, Any],
                                               tmp_path: Path) -> None:
-    for watched in values.get("watchNamespaces", []):
+    for watched in [*values.get("watchNamespaces", []), *values.get("serving", {}).get("heldGpuNamespaces", [])]:
         kubectl("create", "namespace", watched, check=False)  # a Role lives in each watched namespace
     rendered = helm("template", "t", str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION,
                     "-f", str(_values(tmp_path, values))).stdout
@@ -116,9 +117,15 @@ def test_templates_pass_a_server_side_dry_run(helm: Callable[..., Any], kubectl:
             args)
     elif values:
         roles = [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"]
-        # the helm test's Role and the operator's; the uninstall hook's, in the release namespace and where models are
-        assert sorted(roles) == sorted([namespace, "team-a", "team-b"] * 2)
-        assert "ClusterRole" in kinds  # the node reader only
+        # the helm test's Role and the operator's; the uninstall hook's, in the release namespace and where models
+        # are; one that lists pods, only there, where the GPU nodes' other workloads run
+        assert sorted(roles) == sorted([namespace, "team-a", "team-b"] * 2 + ["gpu-a"])
+        gpu_pods = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"
+                        and d["metadata"]["namespace"] == "gpu-a")
+        assert gpu_pods["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+        node_reader = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole")
+        assert [rule["resources"] for rule in node_reader["rules"]] == [["nodes"]]  # pods: not cluster-wide
+        assert "--gpu-namespace=gpu-a" in args
     else:
         assert kinds.count("Role") == 4  # the operator's, the helm test's, and the uninstall hook's two
         # by default the operator's metrics answer only its namespace and the monitoring stack (the old chart

@@ -51,7 +51,7 @@ def test_one_version_everywhere() -> None:
     assert any(TRITON_VLLM_IMAGE.startswith(prefix) for prefix in values["tenancy"]["allowedImagePrefixes"])
 
 
-def test_the_cli_and_chart_values_pages_are_generated_from_their_sources() -> None:
+def test_the_cli_chart_values_and_permissions_pages_are_generated_from_their_sources() -> None:
     from tailor.cli.main import build_parser
 
     assert generated.stale(generated.docs(build_parser())) == [], "run `tailor docs generate`"
@@ -83,3 +83,14 @@ def test_the_cli_page_has_every_command_with_its_help() -> None:
     for command in ("tailor compress", "tailor devcluster up", "tailor docs generate", "tailor operator-release"):
         assert f"\n## {command}\n" in page, command
     assert "--dry-run" in page.split("\n## tailor compress\n")[1].split("\n## ")[0]
+
+
+def test_the_permissions_page_gives_every_right_the_chart_grants_its_reason() -> None:
+    """Each rule of templates/rbac.yaml has a row naming where it holds and why (the comment above it)."""
+    text = (generated.CHART / "templates" / "rbac.yaml").read_text()
+    rows = list(generated.rbac_rules(text))
+    assert len(rows) == text.count("- apiGroups:")
+    assert all(where and why for where, _, _, _, why in rows), "a right without its place or reason"
+    cluster = [(resources, verbs) for where, _, resources, verbs, _ in rows if where == "the cluster"]
+    assert cluster == [("nodes", "list"), ("pods", "list")]  # the only cluster-scoped rights
+    assert ("each of `serving.heldGpuNamespaces`", "core", "pods", "list") in [row[:4] for row in rows]

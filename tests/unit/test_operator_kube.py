@@ -169,9 +169,37 @@ def test_pods_holding_gpus_are_read_a_page_at_a_time_or_are_unknown(server: tupl
         (200, {"items": [pod("p1", "2"), pod("cpu", "0")], "metadata": {"continue": "next"}}),
         (200, {"items": [pod("p2", "1")], "metadata": {}})]
     held = kube.gpu_pods("ns/m")
-    assert held is not None and [(h.node, h.gpus) for h in held] == [("n1", 2), ("n1", 1)]
+    assert held is not None and [(h.node, h.gpus) for h in held.pods] == [("n1", 2), ("n1", 1)]
+    assert held.namespaces is None  # every namespace's
     assert script.seen.count(("GET", "/api/v1/pods")) == 2
     assert kube.gpu_pods("ns/m") == held and script.seen.count(("GET", "/api/v1/pods")) == 2  # cached
     other = Kube(kube.api)
     script.answers[("GET", "/api/v1/pods")] = [(403, {"reason": "Forbidden"})]
     assert other.gpu_pods("ns/m") is None
+
+
+def test_pods_holding_gpus_are_listed_only_where_named_or_in_the_watched_namespaces(
+        server: tuple[Kube, Script]) -> None:
+    """Named namespaces (the chart's serving.heldGpuNamespaces): pods are listed there and nowhere else. None named
+    and no cluster-wide list allowed: the watched namespaces' pods, which the operator's Roles let it list; a
+    namespace it may not list is left out, and the result names those that were counted."""
+    kube, script = server
+
+    def pods(*gpus: str) -> list[tuple[int, dict[str, Any]]]:
+        return [(200, {"items": [{"metadata": {"name": f"p{i}", "namespace": "x"}, "status": {"phase": "Running"},
+                                  "spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {
+                                      "nvidia.com/gpu": count}}}]}} for i, count in enumerate(gpus)],
+                       "metadata": {}})]
+
+    named = Kube(kube.api, gpu_namespaces=("gpu-a",))
+    script.answers[("GET", "/api/v1/namespaces/gpu-a/pods")] = pods("4")
+    held = named.gpu_pods("ns/m")
+    assert held is not None and held.namespaces == ("gpu-a",) and [h.gpus for h in held.pods] == [4]
+    assert ("GET", "/api/v1/pods") not in script.seen, "pods were listed cluster-wide"
+
+    watching = Kube(kube.api, watched=("team-a", "team-b"))
+    script.answers[("GET", "/api/v1/pods")] = [(403, {"reason": "Forbidden"})]
+    script.answers[("GET", "/api/v1/namespaces/team-a/pods")] = pods("1", "2")
+    script.answers[("GET", "/api/v1/namespaces/team-b/pods")] = [(403, {"reason": "Forbidden"})]
+    held = watching.gpu_pods("ns/m")
+    assert held is not None and held.namespaces == ("team-a",) and sum(h.gpus for h in held.pods) == 3

@@ -347,7 +347,8 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     model = spec_with("nemotron-super-h100", [{"name": "h100", "nodeSelector": H100, "concurrency": {"perNode": 96}}],
                       maxReplicas=16)
 
-    def sized(held: dict[str, int] | None, per_node: int = 96) -> PoolPlan:
+    def sized(held: dict[str, int] | None, per_node: int = 96, counted_in: tuple[str, ...] | None = None
+              ) -> PoolPlan:
         target = CATALOG.get(model.spec.compression.target_gpu.value)
         recipe = recipe_for(resolve_precision(model.spec.quantization.precision, target), CHILD)
         assert model.spec.deployment is not None
@@ -355,7 +356,7 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
             pool.model_copy(update={"concurrency": pool.concurrency.model_copy(update={"per_node": per_node})})
             for pool in model.spec.deployment.pools]})
         (plan,) = plan_deployment(deployment, NODES, Built(arch=CHILD, recipe=recipe, kv_dtype=KvDtype.FP8),
-                                  CATALOG, held)
+                                  CATALOG, held, counted_in)
         return plan
 
     free = sized({})
@@ -377,6 +378,9 @@ def test_a_pool_is_sized_by_the_gpus_other_pods_leave_free() -> None:
     assert sized({h100_nodes[0]: 12}).replicas == 8  # more than a node has: that node has none free
     unknown = sized(None)
     assert unknown.replicas == 16 and "GPUs other pods hold are not known" in " ".join(unknown.notes)
+    partly = sized({h100_nodes[0]: 6}, counted_in=("team-a", "gpu-jobs"))  # pods listed only there
+    assert "GPUs held by pods outside team-a, gpu-jobs are not counted" in " ".join(partly.notes)
+    assert not any("not counted" in note for note in busy.notes)
 
 
 def test_min_replicas_beyond_what_the_pools_nodes_can_ever_hold_skips_the_pool_with_the_reason() -> None:
