@@ -98,6 +98,27 @@ def test_jobs_run_and_triton_answers(api: client.ApiClient, namespace: str, inst
     answer = infer(f"127.0.0.1:{ports['http']}", "toy", "http", "ROMEO:", max_tokens=8)
     assert len(answer.ids) == 8 and answer.text
 
+    # the code it serves is what the package Job wrote: a model.py changed on the claim since stops the next
+    # replica before Triton starts, naming the file
+    revision = client.AppsV1Api(api).read_namespaced_deployment("toy-local-g1", namespace)
+    (triton, *_) = revision.spec.template.spec.containers
+    repository = next(arg for arg in triton.args if arg.startswith("--model-repository=")).split("=", 1)[1]
+    volume = core.read_namespaced_persistent_volume_claim("toy-artifacts", namespace).spec.volume_name
+    model_py = (Path(core.read_persistent_volume(volume).spec.host_path.path) / Path(repository).relative_to("/models")
+                / "toy" / "1" / "model.py")
+    model_py.write_text(model_py.read_text() + "\nprint('not what was packaged')\n")
+    core.delete_namespaced_pod(pod.metadata.name, namespace)
+
+    def refused() -> Any:
+        for replica in core.list_namespaced_pod(namespace, label_selector="tailor.dev/pool=local").items:
+            for state in replica.status.container_statuses or [] if replica.metadata.uid != pod.metadata.uid else []:
+                if state.name == "triton" and (ended := state.state.terminated or state.last_state.terminated):
+                    return ended
+        return None
+
+    ended = wait_for("the new replica to refuse the changed code", refused, timeout_s=90)
+    assert ended.exit_code == 3 and "repository/toy/1/model.py: FAILED" in ended.message, ended.message
+
     OBJECTS.delete(objects, namespace, "toy")  # deletionPolicy Delete: the artifacts claim goes with it
     wait_for("the model's pods to stop", lambda: not core.list_namespaced_pod(
         namespace, label_selector="tailor.dev/model=toy").items, timeout_s=90)
