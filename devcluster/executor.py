@@ -586,9 +586,7 @@ class Executor:
 
     @staticmethod
     def _rewrite_paths(local: LocalPod, text: str) -> str:
-        for mount in sorted(local.paths, key=len, reverse=True):
-            text = _replace_path(text, mount, local.paths[mount])
-        return text
+        return replace_paths(text, local.paths)
 
     def _rewrite(self, local: LocalPod, container: Container, text: str) -> str:
         text = self._rewrite_paths(local, text.replace(TERMINATION_LOG, str(container.message_file)))
@@ -893,9 +891,14 @@ def _field(pod: Any, path: str) -> str:
     return str(fields[path])
 
 
-def _replace_path(text: str, mount: str, local: str) -> str:
-    """`mount` where it begins a path (start of text, or after `=`, `:` or a space) becomes `local`."""
-    return re.sub(rf"(?:(?<=^)|(?<=[=:\s])){re.escape(mount)}(?=/|$|\s|:)", local.replace("\\", "\\\\"), text,
+def replace_paths(text: str, paths: Mapping[str, str]) -> str:
+    """Each mount path of `paths` where it begins a path (start of text, or after `=`, `:` or a space) becomes its
+    local folder, in one pass: a local folder that begins with another mount path (a claim's under /tmp, beside a
+    scratch folder mounted at /tmp) is not rewritten again."""
+    if not paths:
+        return text
+    mounts = "|".join(re.escape(mount) for mount in sorted(paths, key=len, reverse=True))  # the longest first
+    return re.sub(rf"(?:(?<=^)|(?<=[=:\s]))({mounts})(?=/|$|\s|:)", lambda found: paths[found.group(1)], text,
                   flags=re.MULTILINE)
 
 

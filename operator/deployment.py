@@ -35,6 +35,9 @@ from tailor.operator.api import GROUP, DeploymentSpec, NodePoolTarget
 from tailor.operator.manifest import (
     POD_SECURITY,
     RESTRICTED,
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
     decimal_quantity,
     memory_bounds,
     owned_metadata,
@@ -78,6 +81,7 @@ ENDPOINT_PROPAGATION_S = 5
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
+SPEED_TOKENS_IN_FLIGHT = 16 * 128  # the speed Job's requests: 16 at once, a short prompt and 64 new tokens each
 TRITON = {names.APP_NAME: "triton"}
 NO_EGRESS = {f"{GROUP}/egress": "none"}  # the pods `egress_policy` cuts off: Triton's and the speed Job's
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace has it, set by the API server
@@ -204,7 +208,8 @@ def probe(path: str, port: str = "http", failures: int = 3) -> dict[str, Any]:
 
 
 def offline_env() -> list[dict[str, str]]:
-    return [{"name": name, "value": value} for name, value in OFFLINE_ENV.items()]
+    """No hub, no telemetry, and the scratch folder's HOME and caches (`manifest.SCRATCH`)."""
+    return [{"name": name, "value": value} for name, value in {**OFFLINE_ENV, **SCRATCH_ENV}.items()]
 
 
 def triton_container(repository: str, image: str, resources: dict[str, Any], mounts: list[dict[str, Any]],
@@ -224,7 +229,7 @@ def triton_container(repository: str, image: str, resources: dict[str, Any], mou
         "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
         "env": env,
         "resources": resources,
-        "volumeMounts": mounts,
+        "volumeMounts": [*mounts, SCRATCH_MOUNT],
         "readinessProbe": probe("/v2/health/ready"),
         "securityContext": RESTRICTED,
     }
@@ -241,7 +246,7 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
         "ports": [{"name": "openai", "containerPort": OPENAI_PORT}],
         "env": offline_env(),
         "resources": {"requests": dict(OPENAI_REQUESTS), "limits": {"memory": OPENAI_REQUESTS["memory"]}},
-        "volumeMounts": mounts,
+        "volumeMounts": [*mounts, SCRATCH_MOUNT],
         "readinessProbe": probe("/health", "openai"),
         "lifecycle": lifecycle(),
         "securityContext": RESTRICTED,
@@ -249,10 +254,10 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
     }
 
 
-def gpu_resources(gpus: int, pool: NodePoolTarget, host: HostNeed | None) -> dict[str, Any]:
-    """Triton's requests and limits: `gpus` GPUs, memory for `host` (`manifest.memory_bounds`), the pool's own
-    requests and limits over them."""
-    requests, limits = memory_bounds(host, gpus)
+def gpu_resources(gpus: int, pool: NodePoolTarget, host: HostNeed | None, tokens_in_flight: int) -> dict[str, Any]:
+    """Triton's requests and limits: `gpus` GPUs, memory for `host` and its /dev/shm (`manifest.memory_bounds`),
+    the pool's own requests and limits over them."""
+    requests, limits = memory_bounds(host, gpus, tokens_in_flight)
     return resources(requests, gpus, pool, f"spec.deployment.pools[{pool.name}].resources", limits)
 
 
@@ -261,8 +266,8 @@ def speed_sidecar(image: str, repository: str, gpus: int, pool: NodePoolTarget,
     """Triton on the parent and child packaged side by side, beside `tailor speed` in the speed Job's pod (which
     mounts the artifacts claim as the volume `artifacts`): the pool's image and resources, `gpus` GPUs, loopback
     clients only."""
-    # the parent's replica and the child's: an allowance
-    return triton_container(repository, image, gpu_resources(gpus, pool, None),
+    # the parent's replica and the child's: an allowance; its requests are short (`SPEED_TOKENS_IN_FLIGHT`)
+    return triton_container(repository, image, gpu_resources(gpus, pool, None, SPEED_TOKENS_IN_FLIGHT),
                             [{"name": "artifacts", "mountPath": MODELS_MOUNT, "readOnly": True}], code)
 
 
@@ -288,14 +293,17 @@ def manifests(model: dict[str, Any], plan: PoolPlan, deployment: DeploymentSpec,
 
     gpus = plan.tensor_parallel
     startup = math.ceil(startup_seconds(plan, target) / PROBE_PERIOD_S)
-    shm_mounts, shm_volumes = shared_memory(gpus)  # tensor-parallel workers exchange through shared memory
+    # the requests a replica holds at once, each up to the context: what its Python backend hands through /dev/shm
+    tokens = plan.sizing.concurrency_per_replica * deployment.context_length
+    shm_mounts, shm_volumes = shared_memory(gpus, tokens)  # and tensor-parallel workers exchange through it
     mounts: list[dict[str, Any]] = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}, *shm_mounts]
     volumes: list[dict[str, Any]] = [
-        {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, *shm_volumes]
+        {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, *shm_volumes,
+        SCRATCH_VOLUME]
     container = {
         # on SIGTERM Triton refuses new requests and finishes those it holds, for up to the drain time
-        **triton_container(repository_in_pod(package), image, gpu_resources(gpus, target, plan.host), mounts, code,
-                           f"--exit-timeout-secs={deployment.drain_seconds}"),
+        **triton_container(repository_in_pod(package), image, gpu_resources(gpus, target, plan.host, tokens),
+                           mounts, code, f"--exit-timeout-secs={deployment.drain_seconds}"),
         "startupProbe": probe("/v2/health/ready", failures=startup),
         "livenessProbe": probe("/v2/health/live"),
         "lifecycle": lifecycle(),

@@ -23,10 +23,13 @@ from tailor.compressor.buildplan import ARTIFACTS_MOUNT, PLAN_FILE, PLAN_MOUNT, 
 from tailor.compressor.sizing.hostmemory import HostNeed
 from tailor.operator import names
 from tailor.operator.api import PodPlacement
-from tailor.operator.deployment import NO_EGRESS, PORTS
+from tailor.operator.deployment import NO_EGRESS, PORTS, SPEED_TOKENS_IN_FLIGHT
 from tailor.operator.manifest import (
     POD_SECURITY,
     RESTRICTED,
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
     container_gpus,
     memory_bounds,
     owned_metadata,
@@ -106,7 +109,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     mounts = [{"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
               {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "artifacts", "persistentVolumeClaim": {"claimName": claim}},
-                                     {"name": "plan", "configMap": {"name": plan_config_map}}]
+                                     {"name": "plan", "configMap": {"name": plan_config_map}}, SCRATCH_VOLUME]
+    mounts.append(SCRATCH_MOUNT)
     for mount_path, claim_name in (claims or {}).items():
         volume = mount_path.strip("/")
         mounts.append({"name": volume, "mountPath": mount_path, "readOnly": True})
@@ -123,7 +127,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         "securityContext": POD_SECURITY,
         "containers": [{
             "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage, reader)),
-            "env": list(env or []),
+            "env": [*(env or []), *({"name": name, "value": value} for name, value in SCRATCH_ENV.items())],
             "resources": container_resources,
             "volumeMounts": mounts,
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -133,8 +137,8 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
     }
     if sidecar is not None:
         sidecar = {**sidecar, "restartPolicy": "Always"}
-        # its tensor-parallel workers exchange through shared memory
-        shm_mounts, shm_volumes = shared_memory(container_gpus(sidecar))
+        # its Python backend, and its tensor-parallel workers, exchange through shared memory
+        shm_mounts, shm_volumes = shared_memory(container_gpus(sidecar), SPEED_TOKENS_IN_FLIGHT)
         sidecar["volumeMounts"] = [*sidecar["volumeMounts"], *shm_mounts]
         volumes += shm_volumes
         pod_spec["initContainers"] = [sidecar]

@@ -5,6 +5,7 @@ security contexts; when a Job has finished and a Deployment is available; Kubern
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tailor.compressor.sizing.hostmemory import HostNeed, stage_need
@@ -83,7 +84,24 @@ def owner_uid(obj: dict[str, Any]) -> str | None:
 # --- pods ----------------------------------------------------------------------------------------
 
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-              "seccompProfile": {"type": "RuntimeDefault"}}
+              "seccompProfile": {"type": "RuntimeDefault"}, "readOnlyRootFilesystem": True}
+# Every Tailor container writes only to mounted folders: the claim, /dev/shm, and its scratch folder (an emptyDir
+# at SCRATCH), where HOME and the caches the engines write at start go (vLLM's compile cache, Triton-lang's JIT
+# kernels, torch inductor's, a config class trust_remote_code loads): an image's user may have no home (NVIDIA's
+# Triton image makes uid 1000 without one), and the root filesystem is read-only. Per pod: a cache on the claim
+# would let a serving pod write code that every later replica runs.
+SCRATCH = "/tmp"
+SCRATCH_LIMIT = "20Gi"
+SCRATCH_ENV = {"HOME": f"{SCRATCH}/home", "TMPDIR": SCRATCH, "XDG_CACHE_HOME": f"{SCRATCH}/cache",
+               "VLLM_CACHE_ROOT": f"{SCRATCH}/cache/vllm", "TRITON_CACHE_DIR": f"{SCRATCH}/cache/triton",
+               "TORCHINDUCTOR_CACHE_DIR": f"{SCRATCH}/cache/inductor"}
+SCRATCH_MOUNT = {"name": "scratch", "mountPath": SCRATCH}
+SCRATCH_VOLUME = {"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}
+# Triton's Python backend hands each request's tensors to the model's stub through /dev/shm: a pod serving
+# requests needs room for those in flight (the runtime's default is 64 MiB, and one prompt of 10^6 tokens is
+# about 16 MB as text and ids)
+SHM_BASE_MIB = 64  # the backend's first region and its messages
+SHM_BYTES_PER_TOKEN = 24  # a request's prompt as UTF-8 text (up to 16 bytes a token) and as int64 ids
 # fsGroup makes the claim writable; OnRootMismatch skips the recursive chown of a large claim on every start
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 REQUESTS_PER_GPU = {"cpu": "500m", "memory": "2Gi"}  # a floor that keeps a GPU pod out of BestEffort
@@ -102,29 +120,36 @@ def container_gpus(container: dict[str, Any]) -> int:
     return gpu_count(resources.get("limits")) or gpu_count(resources.get("requests"))
 
 
-def shm_bytes(gpus: int) -> int:
-    """The memory-backed /dev/shm a pod of `gpus` GPUs gets (none for one: no workers exchange through it)."""
-    return SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
+def shm_bytes(gpus: int, tokens_in_flight: int | None = None) -> int:
+    """The memory-backed /dev/shm a pod of `gpus` GPUs gets: SHM_PER_GPU_GIB per GPU where tensor-parallel workers
+    exchange through it (none for one GPU), and for a Triton pod (`tokens_in_flight`: the most tokens its requests
+    hold at once; None for a pod without Triton) what its Python backend hands the model."""
+    workers = SHM_PER_GPU_GIB * 2**30 * gpus if gpus > 1 else 0
+    served = 0 if tokens_in_flight is None else SHM_BASE_MIB * 2**20 + SHM_BYTES_PER_TOKEN * tokens_in_flight
+    return workers + served
 
 
-def shared_memory(gpus: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def shared_memory(gpus: int, tokens_in_flight: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The /dev/shm of a container of `gpus` GPUs (`shm_bytes`), as its volume mounts and the pod's volumes: none
-    for one GPU. NCCL and torch's shared-memory tensors need more than the runtime's 64 MiB default."""
-    if gpus <= 1:
+    where it needs none (one GPU, no Triton). NCCL, torch's shared-memory tensors and Triton's Python backend need
+    more than the runtime's 64 MiB default."""
+    size = shm_bytes(gpus, tokens_in_flight)
+    if not size:
         return [], []
     return ([{"name": "shm", "mountPath": "/dev/shm"}],
-            [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_bytes(gpus) // 2**30}Gi"}}])
+            [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(size / 2**20)}Mi"}}])
 
 
-def memory_bounds(host: HostNeed | None, gpus: int) -> tuple[dict[str, str], dict[str, str]]:
+def memory_bounds(host: HostNeed | None, gpus: int, tokens_in_flight: int | None = None
+                  ) -> tuple[dict[str, str], dict[str, str]]:
     """Requests and limits for a pod of `gpus` GPUs that holds `host` in RAM (None: a stage's allowance): the
     per-GPU floor, a request of the need where it is this model's footprint (an allowance is only a bound), and
-    the limit with headroom and the pod's /dev/shm."""
+    the limit with headroom and the pod's /dev/shm (`shm_bytes`)."""
     host = host or stage_need(gpus)
     requests = scaled(REQUESTS_PER_GPU, max(1, gpus))
     if not host.assumed:
         requests["memory"] = max(requests["memory"], host.request(), key=quantity_value)
-    return requests, {"memory": host.limit(shm_bytes(gpus))}
+    return requests, {"memory": host.limit(shm_bytes(gpus, tokens_in_flight))}
 
 
 # --- status --------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from tailor.compressor.sizing.concurrency import Sizing, size
 from tailor.compressor.sizing.engines import (
     ENGINE_ARGS_FILE,
     Engine,
+    device_share,
     engine_args,
     max_num_seqs,
     reads_own_config_class,
@@ -149,13 +150,15 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
             max_batch_size: int | None = None, instances: int = 1, decoupled: bool = False, threads: int = 2,
             max_queue_delay_us: int = 2000, mount: str | None = None,
             dtype: ComputeDtype | None = None, tensor_parallel: int = 1, sizing: Sizing | None = None,
-            vllm_args: dict[str, Any] | None = None) -> PackageSettings:
+            vllm_args: dict[str, Any] | None = None, share: float = 1.0) -> PackageSettings:
     """Write the repository; `max_batch_size` defaults to what one replica (`tensor_parallel` GPUs) holds at
     `context` on `gpu` (`max_num_seqs`). A given `sizing` and `vllm_args` (the operator's, from the build plan)
     are used as they are, once the checkpoint is checked to be what it was sized for; else the model is sized
     for an engine computing in `dtype` (default: what `gpu` computes fast, this machine's CPU for the `cpu`
     profile: `device.compute_for_profile`) and vLLM's engine arguments are computed here (`engine_args`). `mount`:
-    where the server finds the repository (default: `<out>/repository`)."""
+    where the server finds the repository (default: `<out>/repository`). `share`: the part of each GPU's memory
+    this model's engine may hold, where engines share the GPUs (`device_share`)."""
+    device = device_share(gpu, share)
     config = read_config(model)
     arch = architecture_from_config(config, str(model / "config.json"))
     recipe, kv = checkpoint_precision(model, config, arch)
@@ -164,13 +167,14 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
             from tailor.compressor.model.device import compute_for_profile
 
             dtype = compute_for_profile(gpu.family).dtype
-        sizing = size(arch, gpu, context, recipe, served_kv_dtype(kv, dtype), tp=tensor_parallel,
+        sizing = size(arch, device, context, recipe, served_kv_dtype(kv, dtype), tp=tensor_parallel,
                       gpus_per_node=tensor_parallel, dtype=dtype)
     elif (sizing.recipe, sizing.kv_dtype) != (recipe.name, served_kv_dtype(kv, sizing.dtype)):
         raise ValueError(f"{model} is {recipe.name} with a {kv.value} KV cache; the plan was sized for "
                          f"{sizing.recipe} with {sizing.kv_dtype.value} in {sizing.dtype.value}")
     if sizing.concurrency_per_replica < 1:
-        raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name} at a context of {context} tokens: "
+        held = f" ({share:.0%} of each)" if share < 1 else ""
+        raise ValueError(f"{model} does not fit {tensor_parallel} {gpu.name}{held} at a context of {context} tokens: "
                          f"{'; '.join(sizing.warnings) or 'no memory left for one request'}")
     batch = max_batch_size or max_num_seqs(sizing.concurrency_per_replica)
     if batch > sizing.concurrency_per_replica:
@@ -182,7 +186,7 @@ def package(model: Path, out: Path, name: str, gpu: GpuProfile, context: int, *,
         args = None
     elif args is None:
         checkpoint = served_checkpoint(mount or str((out / REPOSITORY).resolve()), name)
-        args = engine_args(checkpoint, gpu, sizing, batch, reads_own_config_class(config))
+        args = engine_args(checkpoint, device, sizing, batch, reads_own_config_class(config), share)
     settings = PackageSettings(name=name, engine=engine, gpu=gpu.name, context=context, recipe=recipe.name,
                                max_batch_size=batch, instances=instances, kind=kind,
                                decoupled=decoupled or engine is Engine.VLLM, max_queue_delay_us=max_queue_delay_us,

@@ -29,21 +29,23 @@ ROUNDS = 2
 NEW_TOKENS = 64
 PROMPT = "The capital of France is"
 CHILD, PARENT = "child", "parent"
+PAIR = (CHILD, PARENT)  # the models one Triton serves side by side, on the same GPUs
 SKIPPED_FILE = "skipped.txt"  # beside an empty repository: why the pair was not packaged
 
 
 def package_pair(child: Path, parent: Path, out: Path, gpu: GpuProfile, context: int, tensor_parallel: int,
                  mount: str, dtype: ComputeDtype) -> str | None:
     """The child and the parent in one repository, `out/repository` (found by the server at `mount`), each at
-    max_num_seqs max(CONCURRENCY); None, or why not (written to `out/skipped.txt` beside an empty repository,
-    so that the server beside `tailor speed` starts either way)."""
+    max_num_seqs max(CONCURRENCY) and each in half of every GPU's memory (one Triton loads both engines on the
+    same GPUs: neither may ask for memory the other holds); None, or why not (written to `out/skipped.txt` beside
+    an empty repository, so that the server beside `tailor speed` starts either way)."""
     with staged_folder(out) as staging:
         repository = staging / REPOSITORY
         repository.mkdir()
         try:
-            for label, folder in ((CHILD, child), (PARENT, parent)):
+            for label, folder in zip(PAIR, (child, parent), strict=True):
                 package(folder, staging / label, label, gpu, context, max_batch_size=max(CONCURRENCY),
-                        tensor_parallel=tensor_parallel, mount=mount, dtype=dtype)
+                        tensor_parallel=tensor_parallel, mount=mount, dtype=dtype, share=1 / len(PAIR))
                 (staging / label / REPOSITORY / label).rename(repository / label)
                 shutil.rmtree(staging / label)
         except ValueError as error:  # one of them does not fit the pool's GPUs at that batch
@@ -98,9 +100,9 @@ def measure(grpc_url: str, pid: int, log: Callable[[Row], None] = lambda _: None
     def sender(label: str) -> Callable[[int], Sample]:
         return lambda _: vllm_request(grpc_url, label, PROMPT, new_tokens)
 
-    for label in (CHILD, PARENT):
+    for label in PAIR:
         sender(label)(0)
-    rows = interleaved([CHILD, PARENT], sender, list(concurrency), rounds, pid, log)
+    rows = interleaved(list(PAIR), sender, list(concurrency), rounds, pid, log)
     found = [SpeedRatio(concurrency=r["concurrency"], ratio=round(r["ratio"], 4), per_round=r["per_round"],
                         contended=r["contended"]) for r in ratios(rows, PARENT)]
     return rows, found

@@ -145,8 +145,15 @@ def max_num_seqs(concurrency: int) -> int:
     return min(concurrency, MAX_BATCH_CAP)
 
 
+def device_share(gpu: GpuProfile, share: float) -> GpuProfile:
+    """The part of `gpu` one of several engines on it may hold: `share` of its memory (each engine its own runtime
+    reserve: each runs its own CUDA context). vLLM checks at start that the memory it asks for is free, so two
+    engines each asking for most of one device do not both start."""
+    return gpu if share == 1 else gpu.model_copy(update={"memory_mib": int(gpu.memory_mib * share)})
+
+
 def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: int,
-                trust_remote_code: bool) -> dict[str, Any]:
+                trust_remote_code: bool, share: float = 1.0) -> dict[str, Any]:
     """vLLM's engine arguments for a replica sized by `sizing`: `max_num_seqs` requests of `sizing.context`
     tokens and the cache they need (`kv_cache_memory_bytes`, per GPU: the pages of each request as vLLM lays them
     out, `cache_layout`, and the one page it keeps back), so that the engine's own count of the requests it holds
@@ -154,13 +161,14 @@ def engine_args(checkpoint: str, gpu: GpuProfile, sizing: Sizing, max_num_seqs: 
     KV-cache dtype; the compute dtype the sizing was made for (`Sizing.dtype`). Hybrids run without prefix
     caching (with it, vLLM keeps three pages of every Mamba layer per request). The CPU build runs eagerly (a
     compiled start takes minutes on two cores); GPUs capture CUDA graphs. `trust_remote_code` only where the config is
-    read through tailor's own class (`reads_own_config_class`)."""
+    read through tailor's own class (`reads_own_config_class`). `gpu` may be a `share` of the device (engines
+    that share it, `device_share`): the engine then asks for that share of the device's memory."""
     layout = cache_layout(gpu, sizing)
     args: dict[str, Any] = {
         "model": checkpoint, "tokenizer": checkpoint, "dtype": sizing.dtype.value, "max_model_len": sizing.context,
         "max_num_seqs": max_num_seqs, "block_size": layout.block_size,
         "kv_cache_memory_bytes": cache_bytes(gpu, sizing, max_num_seqs),
-        "gpu_memory_utilization": round(sizing.footprint.usable / gpu.memory_bytes, 4),
+        "gpu_memory_utilization": round(sizing.footprint.usable * share / gpu.memory_bytes, 4),
         "tensor_parallel_size": sizing.tensor_parallel,
         "kv_cache_dtype": "fp8" if sizing.kv_dtype is KvDtype.FP8 else "auto",
         "enforce_eager": gpu.family == "cpu", "trust_remote_code": trust_remote_code}

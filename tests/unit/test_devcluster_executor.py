@@ -203,6 +203,16 @@ def test_free_ports_are_distinct_bindable_and_never_an_outgoing_connections_sour
         s.bind(("127.0.0.1", ports[-1]))
 
 
+def test_mount_paths_are_rewritten_once_even_where_a_local_folder_lies_under_another_mount() -> None:
+    """A claim's local folder under /tmp, beside a scratch folder mounted at /tmp: the claim's path is not taken
+    for the scratch folder's after it was rewritten."""
+    paths = {"/tmp": "/state/pod/scratch", "/models": "/tmp/pytest/pv-1", "/models/extra": "/x"}
+    assert executor_module.replace_paths("--model-repository=/models/g1/repository /tmp/home /models/extra/y",
+                                         paths) == "--model-repository=/tmp/pytest/pv-1/g1/repository " \
+                                                   "/state/pod/scratch/home /x/y"
+    assert executor_module.replace_paths("/modelsx /tmpfile", paths) == "/modelsx /tmpfile"  # not a mount's path
+
+
 def _listeners(port: int) -> set[str]:
     """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
     found = set()

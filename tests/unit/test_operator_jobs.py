@@ -70,8 +70,12 @@ def test_stage_pods_are_not_best_effort_are_limited_in_memory_and_multi_gpu_pods
     assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {  # 4 GiB and 1 undercounted, x 1.25
         "requests": {"cpu": "500m", "memory": "5120Mi", "nvidia.com/gpu": "1"},
         "limits": {"memory": "6400Mi", "nvidia.com/gpu": "1"}}
-    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{64 * 1024}Mi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    # it writes only to its mounts: a read-only root, HOME and the caches in its scratch folder
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "scratch", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "HOME", "value": "/tmp/home"} in pod["containers"][0]["env"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     (package,) = stage_job(OWNER, "package", 3, JobSettings(image="i", gpus_per_node=0), B200, "claim",
                            "plan", pool="b200")

@@ -166,9 +166,20 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
     assert deployment["spec"]["replicas"] == plan.replicas
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["resources"]["requests"] == {"cpu": "1000m", "memory": "4Gi", "nvidia.com/gpu": "2"}
-    # host memory on GPUs is assumed: 8 GiB per worker and 2 for the server, x 1.25, and the 16 GiB of /dev/shm
-    assert container["resources"]["limits"]["memory"] == f"{round(((2 * 8 + 2) * 1.25 + 16) * 1024)}Mi"
-    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]  # TP 2
+    # host memory on GPUs is assumed: 8 GiB per worker and 2 for the server, x 1.25, and /dev/shm: 16 GiB for
+    # the tensor-parallel workers, and for the requests a replica holds (64 MiB, and 24 bytes a token in flight)
+    shm = 16 * 2**30 + 64 * 2**20 + 24 * plan.concurrency_per_replica * model.spec.deployment.context_length
+    assert container["resources"]["limits"]["memory"] == f"{math.ceil((18 * 1.25 * 2**30 + shm) / 2**20)}Mi"
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(shm / 2**20)}Mi"}} in pod[
+        "volumes"]
+    # it writes only to its mounts: the root filesystem is read-only, HOME and the engine's caches are in scratch
+    for each in pod["containers"]:
+        env = {e["name"]: e["value"] for e in each["env"]}
+        assert each["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "scratch", "mountPath": "/tmp"} in each["volumeMounts"]
+        assert all(env[name].startswith("/tmp") for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT",
+                                                             "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"))
+    assert {"name": "scratch", "emptyDir": {"sizeLimit": "20Gi"}} in pod["volumes"]
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert deployment["spec"]["progressDeadlineSeconds"] == container["startupProbe"]["failureThreshold"] * 10 + 300
     assert pod["nodeSelector"] == H100 and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -243,9 +254,12 @@ def test_a_cpu_replica_requests_and_is_limited_to_its_weights_cache_and_runtime(
         return dict(made["spec"]["template"]["spec"]["containers"][0]["resources"])
 
     total = plan.host.total
+    # and the /dev/shm its Python backend hands its requests through (64 MiB, 24 bytes a token in flight)
+    shm = 64 * 2**20 + 24 * plan.concurrency_per_replica * model.spec.deployment.context_length
     assert resources() == {"requests": {"cpu": "500m", "memory": f"{math.ceil(total / 2**20)}Mi",
                                         "nvidia.com/gpu": "1"},
-                           "limits": {"memory": f"{math.ceil(total * 1.25 / 2**20)}Mi", "nvidia.com/gpu": "1"}}
+                           "limits": {"memory": f"{math.ceil((total * 1.25 + shm) / 2**20)}Mi",
+                                      "nvidia.com/gpu": "1"}}
     assert resources({"requests": {"memory": "64Gi"}})["limits"]["memory"] == "64Gi"
     assert resources({"requests": {"memory": "8Gi"}, "limits": {"memory": "16Gi"}})["limits"]["memory"] == "16Gi"
     with pytest.raises(Refused, match="the memory limit 1Pi is more than 4x the request"):

@@ -34,7 +34,7 @@ from tailor.operator.decision import (
     Create,
     Decision,
 )
-from tailor.operator.deployment import ServingIngress, ingress_policy, speed_sidecar
+from tailor.operator.deployment import SPEED_TOKENS_IN_FLIGHT, ServingIngress, ingress_policy, speed_sidecar
 from tailor.operator.execute import MAX_DECIDE_TRIES, DecideFailed, reconcile
 from tailor.operator.jobs import JobSettings, stage_job
 from tailor.operator.manifest import job_finished, owned_by
@@ -180,13 +180,17 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", TRITON_VLLM_IMAGE,
                                                                             ["tritonserver"])
     assert f"--model-repository=/models/{names.folder(kube.model('m'))}/g1/speed-h100/repository" in triton["args"]
-    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "40960Mi"}  # 32 GiB assumed x 1.25
+    shm = 64 * 2**20 + 24 * SPEED_TOKENS_IN_FLIGHT  # its Python backend's /dev/shm
+    assert triton["resources"]["limits"] == {  # 32 GiB assumed x 1.25, and its /dev/shm
+        "nvidia.com/gpu": "1", "memory": f"{math.ceil((40 * 2**30 + shm) / 2**20)}Mi"}
     assert {"name": "artifacts", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in triton["env"]
     assert speed["command"] == ["tailor", "speed", "--plan", "/plan/plan.yaml", "--http-port=8000",
                                 "--grpc-port=8001", "--result-file", "/dev/termination-log"]
     assert "nvidia.com/gpu" not in speed["resources"]["requests"]
-    assert not any(v["name"] == "shm" for v in pod["volumes"])  # one GPU: no tensor-parallel workers
+    # one GPU, no tensor-parallel workers: /dev/shm for its Python backend alone
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(shm / 2**20)}Mi"}} in pod[
+        "volumes"]
 
     # kwok ended the pod with the devcluster's "not measured" result: said so, and still Ready
     controllers(kube)
@@ -205,8 +209,12 @@ def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     pod = job["spec"]["template"]["spec"]
     (triton,) = pod["initContainers"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
-    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in pod["volumes"]
-    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "4", "memory": f"{(4 * 40 + 32) * 1024}Mi"}  # + shm
+    # 8 GiB for each of its 4 tensor-parallel workers, and its Python backend's 64 MiB and the speed requests'
+    shm = 32 * 2**30 + 64 * 2**20 + 24 * SPEED_TOKENS_IN_FLIGHT
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(shm / 2**20)}Mi"}} in pod[
+        "volumes"]
+    assert triton["resources"]["limits"] == {"nvidia.com/gpu": "4",
+                                             "memory": f"{math.ceil((4 * 40 * 2**30 + shm) / 2**20)}Mi"}  # + shm
 
 
 def test_a_measured_speedup_goes_into_the_status_and_a_failed_one_says_why(kube: FakeKube) -> None:

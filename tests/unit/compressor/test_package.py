@@ -72,6 +72,13 @@ def test_the_speed_pair_is_two_models_with_the_same_engine_arguments(tiny_parent
     for name, engine in args.items():
         assert (engine["max_num_seqs"], engine["max_model_len"], engine["trust_remote_code"]) == (16, 2048, False)
         assert (repository / name / "1" / "model.py").read_bytes() == VLLM_BACKEND.read_bytes()
+    # one Triton loads both on the same GPU: together they never ask for more than it has (vLLM checks at start
+    # that what each asks for is free), and each one's cache fits the half it asks for
+    assert sum(engine["gpu_memory_utilization"] for engine in args.values()) <= 1
+    alone = package(tiny_parent, tmp_path / "alone", "alone", h100, 2048, max_batch_size=16, mount=mount, dtype=BF16)
+    assert alone.engine_args is not None
+    assert all(engine["gpu_memory_utilization"] <= alone.engine_args["gpu_memory_utilization"] / 2
+               and engine["kv_cache_memory_bytes"] <= h100.memory_bytes / 2 for engine in args.values())
     assert sorted(p.name for p in (tmp_path / "pair").iterdir()) == ["repository"]  # nothing half-written beside
 
     tiny = h100.model_copy(update={"memory_mib": 1})  # less than the weights
