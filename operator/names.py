@@ -68,7 +68,11 @@ def package_plan_name(name: str, generation: int, pool: str) -> str:
 
 def package_record_name(name: str, generation: int, pool: str) -> str:
     """A package Job's record (the digests of the code it wrote): named after the Job, whose name its plan has."""
-    return f"{job_name(name, generation, 'package', pool)}-code"
+    return code_record_of(job_name(name, generation, "package", pool))
+
+
+def code_record_of(package_job: str) -> str:
+    return f"{package_job}-code"
 
 
 def service_name(name: str, pool: str) -> str:

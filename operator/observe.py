@@ -59,7 +59,7 @@ def _taken(job: dict[str, Any], status: dict[str, Any], records: Mapping[str, An
     finished Job had to say."""
     name = job["metadata"]["name"]
     if job_finished(job) == "Complete" and job["metadata"]["labels"].get(names.STAGE) == "package":
-        return f"{name}-code" in records  # `names.package_record_name`
+        return names.code_record_of(name) in records
     speed = status.get("servedSpeedup") or {}
     if speed.get("jobName") == name and speed.get("state") != "Running":
         return True
