@@ -38,6 +38,7 @@ from tailor.operator.manifest import (
     SCRATCH_ENV,
     SCRATCH_MOUNT,
     SCRATCH_VOLUME,
+    as_env,
     decimal_quantity,
     memory_bounds,
     owned_metadata,
@@ -207,9 +208,9 @@ def probe(path: str, port: str = "http", failures: int = 3) -> dict[str, Any]:
             "timeoutSeconds": PROBE_TIMEOUT_S, "failureThreshold": failures}
 
 
-def offline_env() -> list[dict[str, str]]:
+def serving_env() -> list[dict[str, str]]:
     """No hub, no telemetry, and the scratch folder's HOME and caches (`manifest.SCRATCH`)."""
-    return [{"name": name, "value": value} for name, value in {**OFFLINE_ENV, **SCRATCH_ENV}.items()]
+    return as_env({**OFFLINE_ENV, **SCRATCH_ENV})
 
 
 def triton_container(repository: str, image: str, resources: dict[str, Any], mounts: list[dict[str, Any]],
@@ -219,7 +220,7 @@ def triton_container(repository: str, image: str, resources: dict[str, Any], mou
     handed back (`code`, paths under the claim's root; `codecheck`), unless there are none (a simulated package)."""
     server = ["tritonserver", f"--model-repository={repository}",
               *(f"--{name}-port={port}" for name, port in PORTS.items()), *args]
-    env = offline_env()
+    env = serving_env()
     command, arguments = server[:1], server[1:]
     if code is not None:
         command, arguments, lines = codecheck.checked(MODELS_MOUNT, code, server)
@@ -244,7 +245,7 @@ def openai_container(repository: str, image: str, mounts: list[dict[str, Any]]) 
         "args": [f"--model-repository={repository}", f"--triton-port={PORTS['http']}",
                  f"--openai-port={OPENAI_PORT}"],
         "ports": [{"name": "openai", "containerPort": OPENAI_PORT}],
-        "env": offline_env(),
+        "env": serving_env(),
         "resources": {"requests": dict(OPENAI_REQUESTS), "limits": {"memory": OPENAI_REQUESTS["memory"]}},
         "volumeMounts": [*mounts, SCRATCH_MOUNT],
         "readinessProbe": probe("/health", "openai"),

@@ -30,6 +30,7 @@ from tailor.operator.manifest import (
     SCRATCH_ENV,
     SCRATCH_MOUNT,
     SCRATCH_VOLUME,
+    as_env,
     container_gpus,
     memory_bounds,
     owned_metadata,
@@ -127,7 +128,7 @@ def stage_job(model: dict[str, Any], stage: Stage, generation: int, settings: Jo
         "securityContext": POD_SECURITY,
         "containers": [{
             "name": stage, "image": settings.image, "command": launcher(name, settings, stage_args(stage, reader)),
-            "env": [*(env or []), *({"name": name, "value": value} for name, value in SCRATCH_ENV.items())],
+            "env": [*(env or []), *as_env(SCRATCH_ENV)],
             "resources": container_resources,
             "volumeMounts": mounts,
             "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -120,6 +120,11 @@ def container_gpus(container: dict[str, Any]) -> int:
     return gpu_count(resources.get("limits")) or gpu_count(resources.get("requests"))
 
 
+def as_env(values: dict[str, str]) -> list[dict[str, str]]:
+    """A container's `env` entries for `values`."""
+    return [{"name": name, "value": value} for name, value in values.items()]
+
+
 def shm_bytes(gpus: int, tokens_in_flight: int | None = None) -> int:
     """The memory-backed /dev/shm a pod of `gpus` GPUs gets: SHM_PER_GPU_GIB per GPU where tensor-parallel workers
     exchange through it (none for one GPU), and for a Triton pod (`tokens_in_flight`: the most tokens its requests
