@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from tailor.cli import compress, demo, generated, plans, quantize, run_operator, serving, size
+from tailor.cli import compress, demo, generated, plans, quantize, run_operator, runtime, serving, size
 
 DEVCLUSTER_EXAMPLES = """examples:
   tailor devcluster build                    # build the pinned binaries once (cold: tens of minutes)
@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     compress.add_parsers(nouns)
     quantize.add_parser(nouns)
     serving.add_parsers(nouns)
+    runtime.add_parser(nouns)
     plans.add_parser(nouns)
     run_operator.add_parser(nouns)
     run_operator.add_check_parser(nouns)

@@ -4,7 +4,7 @@ packages from Debian, its Python packages from the package index, pinned by `con
 written as an OCI archive, `build/images/tailor-<name>-<version>.oci.tar`, and kept in buildah's local storage as
 `localhost/tailor-<name>:<version>`; `build/images/images.json` reports the sizes.
 
-    .venv/bin/python images/build.py [operator] [runtime] [--out build/images] [--mirror URL]
+    .venv/bin/python images/build.py [operator] [runtime] [serving] [--out build/images] [--mirror URL]
 
 Needs root (debootstrap, and buildah's chroot isolation: no daemon, no user namespace) and Debian's buildah,
 podman and debootstrap (`make images` installs them). Behind a TLS-inspecting proxy the build machine's trust store
@@ -26,11 +26,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tailor.devcluster import images
+from tailor.devcluster import images, servingruntime
 from tailor.devcluster.log import log
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGES = ("operator", "runtime")
+IMAGES = ("operator", "runtime", "serving")
+# built unless others are named; `serving` starts from NVIDIA's Triton image, pulled from NGC (nvcr.io), which the
+# development machines do not reach
+DEFAULT_IMAGES = ("operator", "runtime")
 SUITE = "bookworm"  # Debian 12, as the Dockerfiles' default base
 MIRROR = "http://deb.debian.org/debian"
 BASE = f"localhost/tailor-debian:{SUITE}"
@@ -120,7 +123,9 @@ def build(name: str, base: str, out: Path) -> Built:
     tag = version("tailor")
     reference = f"localhost/tailor-{name}:{tag}"
     started = time.monotonic()
+    serving_base = servingruntime.ServingRuntime.load().gpu.base
     argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "--build-arg", f"BASE={base}",
+            "--build-arg", f"SERVING_BASE={serving_base}",
             "--file", str(ROOT / "images" / "Dockerfile"), "--target", name, "--tag", reference]
     if (store := _trust_store()) is not None:
         argv += ["--secret", f"id=pip-cert,src={store}"]
@@ -142,7 +147,8 @@ def _shown(path: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", metavar="IMAGE", help=f"of {', '.join(IMAGES)} (default: both)")
+    parser.add_argument("names", nargs="*", metavar="IMAGE",
+                        help=f"of {', '.join(IMAGES)} (default: {', '.join(DEFAULT_IMAGES)})")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "images")
     parser.add_argument("--mirror", default=MIRROR, help="the Debian mirror debootstrap installs from")
     args = parser.parse_args()
@@ -161,7 +167,7 @@ def main() -> int:
     base = base_image(args.mirror)
     report = args.out / "images.json"
     built = {b["name"]: b for b in json.loads(report.read_text())} if report.exists() else {}
-    for name in args.names or IMAGES:
+    for name in args.names or DEFAULT_IMAGES:
         image = build(name, base, args.out)
         built[name] = image.model_dump()
         log(f"{name}: {image.reference}, {image.image_bytes / 1e6:.0f} MB unpacked, archive "

@@ -70,9 +70,9 @@ TargetGpu = StrEnum("TargetGpu", [(p.name.upper().replace("-", "_"), p.name)  # 
 VERSION_OF_TAILOR = metadata.version("tailor")  # pyproject.toml: the one place the version is written
 # images/Dockerfile's runtime target: the stage Jobs, and Triton pods of the Python fallback engine
 RUNTIME_IMAGE = f"ghcr.io/tailor-dev/tailor-runtime:{VERSION_OF_TAILOR}"
-# NVIDIA's Triton with its vLLM backend (chosen by tag; not pulled on the development machines, which reach
-# no registry): the engine of every GPU pool
-TRITON_VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:25.11-vllm-python-py3"
+# images/Dockerfile's serving target: NVIDIA's Triton with the engine of serving.toml (vLLM's CUDA build at the
+# versions the devcluster runs): the Triton pods of every vLLM pool
+SERVING_IMAGE = f"ghcr.io/tailor-dev/tailor-serving:{VERSION_OF_TAILOR}"
 NO_FP8_PROFILES = tuple(TargetGpu(p.name) for p in _BUILTIN_GPUS if not p.serves_quantized)
 
 
@@ -623,10 +623,11 @@ class DeploymentSpec(ApiModel):
         description="Node pools to serve on; each gets its own Deployment sized to its GPUs.")
     context_length: int = Field(default=131072, ge=1, le=MAX_CONTEXT_LENGTH,
                                 description="Context length each request may use (prompt and output).")
-    triton_image: str = Field(default=TRITON_VLLM_IMAGE, min_length=1, max_length=512,
-                              description="Triton Inference Server image with vLLM as its engine (NVIDIA's, "
-                              "pinned); it serves every vLLM pool. A pool the Python fallback engine serves "
-                              "runs the operator's job image.")
+    triton_image: str = Field(default=SERVING_IMAGE, min_length=1, max_length=512,
+                              description="Triton Inference Server image with vLLM as its engine: Tailor's serving "
+                              "image (NVIDIA's Triton with the vLLM, torch and transformers of serving.toml); it "
+                              "serves every vLLM pool. A pool the Python fallback engine serves runs the operator's "
+                              "job image.")
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas per pool (at least 1).")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas per pool.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, json_schema_extra={"default": {}})

@@ -40,15 +40,16 @@ def test_adapter_rules_serve_the_metrics_the_hpas_ask_for() -> None:
 def test_one_version_everywhere() -> None:
     """pyproject.toml's version is the package's; the chart and its default images say the same (a release bumps
     pyproject.toml, Chart.yaml and values.yaml together; this test names any it missed). The CRD's default Triton
-    image is NVIDIA's vLLM image, pinned by its own tag, and the chart allows it."""
-    from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, VERSION_OF_TAILOR
+    image is Tailor's serving image of that version, and the chart allows it."""
+    from tailor.operator.api import RUNTIME_IMAGE, SERVING_IMAGE, VERSION_OF_TAILOR
 
     chart = yaml.safe_load((crd.ROOT / "charts" / "tailor" / "Chart.yaml").read_text())
     values = yaml.safe_load((crd.ROOT / "charts" / "tailor" / "values.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == VERSION_OF_TAILOR
     assert values["jobs"]["image"] == RUNTIME_IMAGE
-    assert RUNTIME_IMAGE.endswith(f":{VERSION_OF_TAILOR}") and TRITON_VLLM_IMAGE in crd.CRD_FILE.read_text()
-    assert any(TRITON_VLLM_IMAGE.startswith(prefix) for prefix in values["tenancy"]["allowedImagePrefixes"])
+    assert RUNTIME_IMAGE.endswith(f":{VERSION_OF_TAILOR}") and SERVING_IMAGE.endswith(f":{VERSION_OF_TAILOR}")
+    assert SERVING_IMAGE in crd.CRD_FILE.read_text()
+    assert any(SERVING_IMAGE.startswith(prefix) for prefix in values["tenancy"]["allowedImagePrefixes"])
 
 
 def test_the_cli_chart_values_and_permissions_pages_are_generated_from_their_sources() -> None:

@@ -18,7 +18,7 @@ from tailor.compressor.sizing.hardware import GpuCatalog, resolve_precision
 from tailor.compressor.sizing.memory import KvDtype, kv_bytes_per_token, recipe_for
 from tailor.devcluster.nodes import EXECUTOR_LABEL
 from tailor.operator import pools
-from tailor.operator.api import RUNTIME_IMAGE, TRITON_VLLM_IMAGE, CompressedModel, ResourceRequirements
+from tailor.operator.api import RUNTIME_IMAGE, SERVING_IMAGE, CompressedModel, ResourceRequirements
 from tailor.operator.conditions import Refused
 from tailor.operator.deployment import LOAD_BYTES_PER_SECOND, autoscaler, manifests, service
 from tailor.operator.memo import IdentityMemo
@@ -206,7 +206,7 @@ def test_manifests_request_the_replicas_gpus_and_probe_triton() -> None:
                                 "--openai-port=9000"]
     assert frontend["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert "nvidia.com/gpu" not in frontend["resources"]["requests"]
-    assert container["image"] == TRITON_VLLM_IMAGE and plan.engine is Engine.VLLM
+    assert container["image"] == SERVING_IMAGE and plan.engine is Engine.VLLM
     assert deployment["metadata"]["annotations"] == {"tailor.dev/engine": "vllm",
                                                      "tailor.dev/engine-args": '{"max_num_seqs": 7}'}
     # target derived from the sizing: a quarter of max_num_seqs waiting per replica; KV-cache usage as well

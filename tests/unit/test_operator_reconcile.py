@@ -25,7 +25,7 @@ from tailor.compressor.sizing.engines import Engine
 from tailor.compressor.sizing.hardware import GpuCatalog
 from tailor.devcluster.simulated import RESULT_ANNOTATION, SIMULATED, published_results
 from tailor.operator import execute, handlers, names, workloads
-from tailor.operator.api import TRITON_VLLM_IMAGE, CompressedModelSpec, NodePoolTarget
+from tailor.operator.api import SERVING_IMAGE, CompressedModelSpec, NodePoolTarget
 from tailor.operator.decision import (
     PROGRESS_REQUEUE_S,
     QUEUED_REQUEUE_S,
@@ -128,7 +128,7 @@ def test_lifecycle_builds_once_sizes_from_the_result_and_serves(kube: FakeKube) 
     # what each replica runs, as `kubectl get deploy -o yaml` shows it: NVIDIA's Triton vLLM image and the
     # engine arguments the package Job writes into model.json, from its plan (computed once, by the operator)
     revision = kube.obj("Deployment", "m-h100-g1")
-    assert revision["spec"]["template"]["spec"]["containers"][0]["image"] == TRITON_VLLM_IMAGE
+    assert revision["spec"]["template"]["spec"]["containers"][0]["image"] == SERVING_IMAGE
     engine = json.loads(revision["metadata"]["annotations"]["tailor.dev/engine-args"])
     assert engine == package.pool.engine_args
     sizing = package.pool.sizing
@@ -177,7 +177,7 @@ def test_the_speed_job_runs_triton_beside_tailor_speed_on_the_first_pool(kube: F
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] <= 2 * 3600
     assert pod["shareProcessNamespace"] and pod["nodeSelector"] == H100
     [triton], [speed] = pod["initContainers"], pod["containers"]
-    assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", TRITON_VLLM_IMAGE,
+    assert (triton["restartPolicy"], triton["image"], triton["command"]) == ("Always", SERVING_IMAGE,
                                                                             ["tritonserver"])
     assert f"--model-repository=/models/{names.folder(kube.model('m'))}/g1/speed-h100/repository" in triton["args"]
     shm = 64 * 2**20 + 24 * SPEED_TOKENS_IN_FLIGHT  # its Python backend's /dev/shm
@@ -205,7 +205,7 @@ def test_a_tensor_parallel_speed_sidecar_gets_shared_memory() -> None:
     model = {"metadata": {"name": "m", "namespace": "ns", "uid": "uid-1"}}
     pool = NodePoolTarget(name="b200", node_selector={"pool": "b200"}, concurrency={"perNode": 8})
     job, *_ = stage_job(model, "speed", 1, JobSettings(image="runtime", gpus_per_node=0), {}, "claim",
-                        "plan", pool="b200", sidecar=speed_sidecar(TRITON_VLLM_IMAGE, "/models/r", 4, pool, None))
+                        "plan", pool="b200", sidecar=speed_sidecar(SERVING_IMAGE, "/models/r", 4, pool, None))
     pod = job["spec"]["template"]["spec"]
     (triton,) = pod["initContainers"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in triton["volumeMounts"]
@@ -992,7 +992,7 @@ def test_a_revision_that_cannot_become_available_fails_and_frees_its_gpus(kube: 
     for _ in range(3):
         assert step(kube).phase == "Failed"
     assert kube.names("Deployment") == ["m-h100-g1"] and len(kube.events) == said
-    kube.update_spec("m", {"deployment": {"tritonImage": TRITON_VLLM_IMAGE}})  # fixed: a new revision
+    kube.update_spec("m", {"deployment": {"tritonImage": SERVING_IMAGE}})  # fixed: a new revision
     assert run(kube, 3, revisions=False).phase == "Deploying" and "m-h100-g3" in kube.names("Deployment")
     assert not any("failed" in s for s in kube.status("m")["pools"]) and "Failed" not in {
         c["type"] for c in kube.status("m")["conditions"]}
