@@ -1,5 +1,6 @@
 """Tailor's vLLM backend for Triton: the `model.py` of every vLLM model `tailor package` writes, run by Triton's
-Python backend on every server (NVIDIA's Triton vLLM image on GPU pools, the devcluster's tritonserver here).
+Python backend on every server (Tailor's serving image on GPU pools, the devcluster's tritonserver here), with
+the vLLM of serving.toml.
 
 It speaks the request interface of NVIDIA's vLLM backend for Triton (`text_input`, `stream`,
 `sampling_parameters`, ...) and reads the engine arguments from `<version>/model.json`. NVIDIA's backend is not
@@ -14,10 +15,11 @@ used because it reports none of vLLM's scheduler statistics, which the pools' au
   naming the input; the requests batched with it are untouched.
 - vLLM's scheduler and request statistics are reported on Triton's metrics port under vLLM's own names
   (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, token counters and
-  latency histograms), labelled with the model and version.
+  latency histograms), labelled with the model and version; a thread of their own records them, off the
+  engine's output loop.
 
 Runs inside the Python backend's stub: imports only the standard library, numpy, vLLM and
-`triton_python_backend_utils`, since its environment is the engine image's (vLLM's), not tailor's.
+`triton_python_backend_utils`, since its environment is the serving image's (vLLM's), not tailor's.
 `model.json`'s `model` names the checkpoint where a pod mounts it; a server that mounts the repository elsewhere
 (the devcluster's executor) finds the `checkpoint` folder that `tailor package` puts beside `model.json`.
 """
@@ -29,6 +31,7 @@ import concurrent.futures
 import json
 import locale
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -53,13 +56,9 @@ if len(tempfile.gettempdir()) > IPC_FOLDER_MAX and "VLLM_RPC_BASE_PATH" not in o
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.exceptions import VLLMClientError  # noqa: E402  # what vLLM refuses about a request
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
-
-try:  # what vLLM refuses about a request; older vLLMs (an image's may be one) raise ValueErrors
-    from vllm.exceptions import VLLMClientError
-except ImportError:
-    VLLMClientError = ValueError
 
 ENGINE_ARGS_FILE = "model.json"  # engines.ENGINE_ARGS_FILE (this file imports nothing of tailor's)
 # sampling_parameters fields a request may set; anything else is refused by name
@@ -89,6 +88,7 @@ class TritonPythonModel:
         self.max_prompt_bytes = int(parameters.get("max_prompt_bytes", self.max_model_len * BYTES_PER_TOKEN_BOUND))
         self.name = args["model_name"]
         labels = {"model": self.name, "version": args["model_version"]}
+        self.metrics: list[TritonMetrics] = []  # the engine's stat loggers, closed after it
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-engine", daemon=True)
         self.thread.start()
@@ -97,7 +97,7 @@ class TritonPythonModel:
             # Linux nices a thread, and the processes it starts: the engine's, not the stub's health thread
             os.nice(int(os.environ.get(ENGINE_NICE_VARIABLE, "0")))
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[
-                lambda config, index=0: TritonMetrics(labels)])
+                lambda config, index=0: self._metrics(labels)])
 
         self.engine = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
         self.capacity = engine_capacity(self.engine, labels)
@@ -232,17 +232,22 @@ class TritonPythonModel:
         for future in list(self.pending):
             future.cancel()
         self.engine.shutdown()
+        for metrics in self.metrics:
+            metrics.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+
+    def _metrics(self, labels: dict[str, str]) -> TritonMetrics:
+        self.metrics.append(TritonMetrics(labels))
+        return self.metrics[-1]
 
 
 def engine_capacity(engine: AsyncLLM, labels: dict[str, str]) -> list[Any]:
     """The engine's own KV-cache accounting, logged and published as gauges (the families, to keep alive):
     `tailor_engine_kv_cache_tokens` and `tailor_engine_max_concurrency` (requests of max_model_len it holds),
     what the operator's sizing is checked against. Families and metrics are returned: each must stay alive."""
-    cache = engine.vllm_config.cache_config  # fields an older vLLM may not have: 0, and the log says so
-    tokens = getattr(cache, "kv_cache_size_tokens", None) or 0
-    concurrency = getattr(cache, "kv_cache_max_concurrency", None) or 0.0
+    cache = engine.vllm_config.cache_config  # set by the engine's KV-cache setup (serving.toml's vLLM)
+    tokens, concurrency = cache.kv_cache_size_tokens, cache.kv_cache_max_concurrency
     pb_utils.Logger.log_info(f"vLLM KV cache: {tokens} tokens, {concurrency:.2f} requests of "
                              f"{engine.vllm_config.model_config.max_model_len} tokens")
     kept = []
@@ -257,9 +262,13 @@ def engine_capacity(engine: AsyncLLM, labels: dict[str, str]) -> list[Any]:
 
 
 class TritonMetrics(StatLoggerBase):  # type: ignore[misc]  # vLLM is not in the type-checked environment
-    """vLLM's scheduler and request statistics as Triton custom metrics, under vLLM's own names."""
+    """vLLM's scheduler and request statistics as Triton custom metrics, under vLLM's own names. Every update is
+    a call from the stub to the Triton server (one per observed latency), so the engine's output loop only queues
+    its statistics; a thread of their own records them, in order."""
 
     def __init__(self, labels: dict[str, str]) -> None:
+        self.queued: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._drain, name="vllm-metrics", daemon=True)
         self.families: list[Any] = []  # a family must outlive its metrics
 
         def family(name: str, kind: Any, description: str) -> Any:
@@ -283,19 +292,29 @@ class TritonMetrics(StatLoggerBase):  # type: ignore[misc]  # vLLM is not in the
         self.itl = latency("vllm:inter_token_latency_seconds", "Time between tokens of a request.")
         self.e2e = latency("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.")
         self.queue = latency("vllm:request_queue_time_seconds", "Time a request waited before running.")
+        self.thread.start()
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
-        """Called by the engine's output loop: a failure here is logged, never raised into the engine."""
-        try:
-            self._record(scheduler_stats, iteration_stats)
-        except Exception as error:
-            pb_utils.Logger.log_error(f"vLLM metrics not recorded: {error}")
+        """Called by the engine's output loop after every step: queued, and the loop goes on."""
+        self.queued.put((scheduler_stats, iteration_stats))
+
+    def close(self) -> None:
+        """Record what is queued, then stop the thread (before the families go)."""
+        self.queued.put(None)
+        self.thread.join(timeout=10)
+
+    def _drain(self) -> None:
+        while (stats := self.queued.get()) is not None:
+            try:  # a failure is logged, and the next statistics are recorded
+                self._record(*stats)
+            except Exception as error:
+                pb_utils.Logger.log_error(f"vLLM metrics not recorded: {error}")
 
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None:
             self.running.set(scheduler_stats.num_running_reqs)
-            self.waiting.set(scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
+            self.waiting.set(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
             self.kv_usage.set(scheduler_stats.kv_cache_usage)
         if iteration_stats is None:
             return

@@ -205,6 +205,9 @@ def test_vllms_metrics_are_on_tritons_metrics_port(server: RunningServer) -> Non
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
                  "vllm:inter_token_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
         assert f'{name}{{model="child",version="1"}}' in text
+    deadline = time.monotonic() + 10  # recorded by the backend's metrics thread, after the engine's step
+    while metrics(server, "vllm:generation_tokens_total", "child") < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert metrics(server, "vllm:generation_tokens_total", "child") >= 4
 
 
