@@ -9,7 +9,7 @@ from typing import Any
 EXAMPLES = """examples:
   tailor runtime check    # exit 1 when the two locks leave serving.toml or each other, or vLLM's CPU build
                           # (.venv-vllm) runs other code than its CUDA build (read from the index), each named
-  tailor runtime lock     # resolve constraints-serving-gpu.txt against the package index (about 2 minutes)
+  tailor runtime lock     # resolve constraints-serving-gpu.txt against the package index (about a minute)
 """
 
 
