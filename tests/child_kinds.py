@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
-from tailor.compressor.model.architecture import Attention, Block, Mamba, Mlp, Moe, NoOp
-from tailor.compressor.model.checkpoint import load_decoder, save_decoder
+from tailor.compressor.model.architecture import Attention, Block, Mamba, Mlp, Moe, NoOp, architecture_from_config
+from tailor.compressor.model.checkpoint import load_decoder, save_decoder, settings_from_config, write_checkpoint
 from tailor.compressor.model.lazy import LazyDecoder
 from tailor.compressor.model.modeling import Decoder
 from tailor.compressor.quantize.streamed import write_quantized
 from tailor.compressor.sizing.engines import vllm_cannot_load
-from tailor.compressor.sizing.memory import RECIPES, KvDtype
+from tailor.compressor.sizing.hardware import Precision
+from tailor.compressor.sizing.memory import KvDtype, recipe_for
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
          "intermediate_size": 160, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -30,14 +31,11 @@ NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron
               "max_position_embeddings": 512, "time_step_min": 0.001, "time_step_max": 0.1,
               "torch_dtype": "bfloat16"}
 PATTERNS = {"hybrid": "M*M-M*-", "hybrid-moe": "M*EM-E*"}
-QUANTIZED = (("fp8", KvDtype.BF16), ("nvfp4", KvDtype.BF16), ("fp8", KvDtype.FP8))
+QUANTIZED = ((Precision.FP8, KvDtype.BF16), (Precision.NVFP4, KvDtype.BF16), (Precision.FP8, KvDtype.FP8))
 
 
 def _parent(config: dict, folder: Path) -> Path:
     """A random parent in `folder`, as transformers writes one (config, safetensors, a tokenizer file)."""
-    from tailor.compressor.model.architecture import architecture_from_config
-    from tailor.compressor.model.checkpoint import settings_from_config, write_checkpoint
-
     torch.manual_seed(0)
     model = Decoder(architecture_from_config(config), settings_from_config(config, "child_kinds"))
     with torch.no_grad():
@@ -100,8 +98,8 @@ def write_kinds(root: Path) -> dict[str, Path]:
         model = LazyDecoder(root / name)
         calibration = torch.randint(0, model.arch.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2))
         for precision, kv_cache in QUANTIZED:
-            recipe = RECIPES[f"{precision}-mamba-moe" if model.arch.is_hybrid else precision]
-            folder = root / f"{name}-{precision}" if kv_cache is KvDtype.BF16 else root / f"{name}-{precision}-kv8"
+            recipe = recipe_for(precision, model.arch)
+            folder = root / f"{name}-{precision.value}{'-kv8' if kv_cache is KvDtype.FP8 else ''}"
             folder.mkdir()
             write_quantized(model, recipe, calibration, kv_cache, folder, lambda line: None)
             kinds[folder.name] = folder

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import subprocess
 from pathlib import Path
 
 import pytest
+from serving.vllm_load_check import safetensors_header
 
 from tailor.compressor.serving.server import VLLM_CPU_ENV, vllm_environment
 from tailor.devcluster.executor import free_port
@@ -61,11 +61,11 @@ def _rename_tensor(folder: Path, old: str, new: str) -> None:
     """Rename one tensor in the safetensors header that holds it (same length, so the data offsets hold)."""
     assert len(old) == len(new)
     for path in folder.glob("*.safetensors"):
-        data = path.read_bytes()
-        (length,) = struct.unpack("<Q", data[:8])
-        header = data[8:8 + length]
-        if f'"{old}"'.encode() in header:
-            path.write_bytes(data[:8] + header.replace(f'"{old}"'.encode(), f'"{new}"'.encode()) + data[8 + length:])
+        length, header = safetensors_header(path)
+        if old in header:
+            data = path.read_bytes()
+            renamed = data[8:8 + length].replace(f'"{old}"'.encode(), f'"{new}"'.encode())
+            path.write_bytes(data[:8] + renamed + data[8 + length:])
             return
     raise AssertionError(f"no tensor {old} in {folder}")
 

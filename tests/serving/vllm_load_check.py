@@ -32,13 +32,18 @@ H100_CAPABILITY = 90
 ENGINE_SET = (".attn.k_scale", ".attn.v_scale", ".attn.q_scale", ".attn.prob_scale")
 
 
+def safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's header: its length in bytes (after the 8 that give it) and its JSON."""
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        return length, json.loads(file.read(length))
+
+
 def checkpoint_tensors(folder: Path) -> dict[str, tuple[list[int], str]]:
     """Every tensor's shape and dtype, from the headers of the folder's safetensors files (no data read)."""
     found = {}
     for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as file:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
+        _, header = safetensors_header(path)
         for name, entry in header.items():
             if name != "__metadata__":
                 found[name] = (entry["shape"], SAFETENSORS_DTYPES[entry["dtype"]])
